@@ -1,0 +1,1 @@
+"""The connector runtime, keys and the signer, and the built-in connectors."""

@@ -1,0 +1,1 @@
+"""Kafka plumbing: configuration, topics, admin, serde, and the transactional loop."""
