@@ -1,0 +1,119 @@
+"""What the fold decides, as data: a closed union of effects, and the `Transition`.
+
+`fold(state, input, facts)` returns a `Transition`: the thread's new state and an ordered
+tuple of effects that ends with exactly one `EmitReceipt`. Only the shell (the `step`
+entry point, shared by local mode and the Kafka processor) interprets effects, with a
+`match` closed by `assert_never`, turning each into store writes and records of the
+open transaction:
+
+- `AppendHistory`      a history row (and a changelog record) for this thread
+- `DispatchTool`       a record on the `outbox`, visible to connectors after the commit
+- `Loopback`           an input for another thread (or this one), produced to `inputs`
+- `SpawnChild`         a `CreateThread` loopback whose inherited history the shell reads
+                       from this thread's committed rows (the fold never reads the store)
+- `RequestCompletion`  work for the model stage, run only after the commit
+- `EmitEvent`          a record on the `events` topic
+- `RememberInput`      mark a message id as seen, so a redelivery is a duplicate
+- `EmitReceipt`        the one receipt of the input, on the `receipts` topic
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torpor.schemas.records import (
+    ContentBlock,
+    Dispatch,
+    HistoryEntry,
+    Input,
+    Receipt,
+    ThreadConfig,
+    ThreadEvent,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendHistory:
+    """Append `entry` to the thread's history (its `seq` is the next free one)."""
+
+    entry: HistoryEntry
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchTool:
+    """Send `dispatch` to the outbox in the same transaction as the turn that made it."""
+
+    dispatch: Dispatch
+
+
+@dataclass(frozen=True, slots=True)
+class Loopback:
+    """Produce `input` to the `inputs` topic, keyed (and partitioned) by its thread id."""
+
+    input: Input
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnChild:
+    """Create a child thread that inherits this thread's history `[from_seq, up_to_seq)`.
+
+    The shell reads those entries (model-visible ones: from the latest summary on) and
+    produces `Input(message_id, child_thread_id, created_at, "processor", body=
+    CreateThread(config, inherited=<entries>, initial=initial))`. The child's own
+    replay then depends only on that input's bytes.
+    """
+
+    message_id: str
+    child_thread_id: str
+    created_at: int
+    config: ThreadConfig
+    from_seq: int
+    up_to_seq: int
+    initial: tuple[ContentBlock, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCompletion:
+    """Ask the model stage for one completion of `thread_id` over its first `history_len` entries.
+
+    The result comes back as a `Completion` input whose message id is `request_id`.
+    """
+
+    request_id: str
+    thread_id: str
+    model: str
+    history_len: int
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmitEvent:
+    """Publish `event` on the `events` topic."""
+
+    event: ThreadEvent
+
+
+@dataclass(frozen=True, slots=True)
+class RememberInput:
+    """Record `message_id` as seen for this thread: a later copy is a duplicate."""
+
+    message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EmitReceipt:
+    """The input's one receipt. Always the last effect of a `Transition`."""
+
+    receipt: Receipt
+
+
+Effect = (
+    AppendHistory
+    | DispatchTool
+    | Loopback
+    | SpawnChild
+    | RequestCompletion
+    | EmitEvent
+    | RememberInput
+    | EmitReceipt
+)
