@@ -1,0 +1,439 @@
+"""Encode and decode the records of `records.py` under the schemas in `schemas/*.avsc`.
+
+Contract:
+
+- `canonical_bytes(record) -> bytes`: the schemaless Avro binary encoding of `record`
+  under its current schema, no framing. Avro binary is deterministic for a given schema
+  and value, so these bytes are what the history hash chain and the signing rule are
+  computed over. (They change when a hashed record's schema gains a field; a replay
+  recomputes the chain under the schemas of its build.)
+- `encode_value(record) -> bytes` / `decode_value(data, cls, ...)`: the no-registry
+  path. Values are written in single-object encoding (``C3 01`` + CRC-64-AVRO
+  fingerprint + body). Reading resolves the writer schema, found by its fingerprint
+  among the schemas this build knows (the current ones and `schemas/history/*.avsc`),
+  to the reader schema of `cls`.
+- `Codec(registry)`: configured once. With a `SchemaRegistry` it writes the Confluent
+  wire format, registering each schema under subject ``<topic>-value``; without one it
+  writes single-object encoding. It reads both framings in either configuration
+  (Confluent-framed values need a registry to be read).
+
+Every decoding failure raises `DecodeError` naming topic, partition, offset and the
+cause: bad framing, an unknown fingerprint or schema id, truncated or trailing bytes, a
+union branch the reader does not know, or a writer schema that cannot be resolved to the
+reader's. Encoding a record that does not fit its schema raises `ContractError` (a bug in
+the producer, not a condition to retry).
+
+Timestamps: the schemas mark ms times as ``timestamp-millis`` for other languages. The
+codec parses its schemas with logical types removed, so times stay plain `int` ms, as
+`records.py` declares them; the bytes and fingerprints are the same (Parsing Canonical
+Form drops logical types).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Final, TypeVar
+
+import fastavro
+
+from torpor.schemas import framing
+from torpor.schemas.convert import NAMESPACE, RecordPlan, plan_for
+from torpor.schemas.errors import ContractError, DecodeError
+from torpor.schemas.registry import SchemaRegistry
+
+T = TypeVar("T")
+
+TOP_LEVEL: Final = ("Input", "Dispatch", "ThreadEvent", "Receipt", "HistoryEntry")
+"""The self-contained schema files, one per top-level record: ``schemas/<Name>.avsc``."""
+
+HISTORY_DIR: Final = "history"
+"""Older versions of the top-level schemas, kept so their fingerprints stay readable."""
+
+JsonSchema = dict[str, object] | list[object] | str
+
+
+@dataclass(frozen=True, slots=True)
+class KnownSchema:
+    """One Avro record schema this build can write or read.
+
+    `schema` is the schema as shipped (self-contained, with docs and logical types),
+    `text` its JSON (what is registered), `fingerprint` the CRC-64-AVRO of its Parsing
+    Canonical Form (8 little-endian bytes), and `parsed` the fastavro form the codec
+    uses (logical types removed).
+    """
+
+    name: str
+    schema: dict[str, object]
+    text: str
+    fingerprint: bytes
+    parsed: dict[str, object]
+
+
+def _strip_logical(schema: object) -> object:
+    """`schema` without logical types or docs: what the codec reads and writes with."""
+    if isinstance(schema, list):
+        return [_strip_logical(s) for s in schema]
+    if isinstance(schema, dict):
+        if "logicalType" in schema and isinstance(schema.get("type"), str):
+            return schema["type"]
+        return {k: _strip_logical(v) for k, v in schema.items() if k != "doc"}
+    return schema
+
+
+def make_known(schema: dict[str, object]) -> KnownSchema:
+    """Parse a self-contained record schema into a `KnownSchema`.
+
+    Raises `ContractError` if fastavro rejects the schema.
+    """
+    try:
+        canonical = fastavro.schema.to_parsing_canonical_form(schema)
+        parsed = fastavro.parse_schema(
+            typing.cast(dict[str, object], _strip_logical(schema)), named_schemas={}
+        )
+    except Exception as exc:  # fastavro raises several unrelated types for a bad schema
+        raise ContractError(f"invalid Avro schema {schema.get('name')!r}: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ContractError(f"schema {schema.get('name')!r} is not a record schema")
+    name = str(schema["name"])
+    full = name if "." in name else f"{schema.get('namespace', NAMESPACE)}.{name}"
+    return KnownSchema(
+        name=full,
+        schema=schema,
+        text=json.dumps(schema, separators=(",", ":")),
+        fingerprint=framing.crc64_avro(canonical.encode()),
+        parsed=parsed,
+    )
+
+
+def _collect_definitions(schema: object, into: dict[str, dict[str, object]]) -> None:
+    """Index every record definition in `schema` by its short name (all are `torpor`)."""
+    if isinstance(schema, list):
+        for s in schema:
+            _collect_definitions(s, into)
+    elif isinstance(schema, dict):
+        if schema.get("type") == "record":
+            into.setdefault(str(schema["name"]), schema)
+            fields = schema["fields"]
+            assert isinstance(fields, list)
+            for f in fields:
+                _collect_definitions(f["type"], into)
+        elif schema.get("type") == "array":
+            _collect_definitions(schema["items"], into)
+
+
+def _standalone(node: object, defs: Mapping[str, dict[str, object]], seen: set[str]) -> object:
+    """`node` with each named record inlined at its first use and referenced by name after."""
+    if isinstance(node, str):
+        if node in defs and node not in seen:
+            return _standalone(defs[node], defs, seen)
+        return node
+    if isinstance(node, list):
+        return [_standalone(n, defs, seen) for n in node]
+    if isinstance(node, dict):
+        if node.get("type") == "record":
+            name = str(node["name"])
+            if name in seen:
+                return name
+            seen.add(name)
+            fields = node["fields"]
+            assert isinstance(fields, list)
+            out = {k: v for k, v in node.items() if k != "fields"}
+            out["fields"] = [{**f, "type": _standalone(f["type"], defs, seen)} for f in fields]
+            return out
+        if node.get("type") == "array":
+            return {**node, "items": _standalone(node["items"], defs, seen)}
+    return node
+
+
+def _load_json(path: resources.abc.Traversable) -> dict[str, object]:
+    loaded = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(loaded, dict):
+        raise ContractError(f"{path.name}: expected a record schema object")
+    return loaded
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """The schemas of this build.
+
+    `current` maps each record's short name (every record in the `.avsc` files, nested
+    ones included) to its current `KnownSchema`; `by_fingerprint` maps the fingerprint of
+    every schema this build can read as a writer schema (the current ones and the history
+    versions) to it.
+    """
+
+    current: Mapping[str, KnownSchema]
+    by_fingerprint: Mapping[bytes, KnownSchema]
+
+
+@functools.cache
+def catalog() -> Catalog:
+    """The catalog of the shipped schemas, loaded once. Raises `ContractError` if one is bad."""
+    root = resources.files("torpor.schemas")
+    files = {name: _load_json(root / f"{name}.avsc") for name in TOP_LEVEL}
+    defs: dict[str, dict[str, object]] = {}
+    for schema in files.values():
+        _collect_definitions(schema, defs)
+    current: dict[str, KnownSchema] = {}
+    for name, definition in defs.items():
+        if name in files:
+            schema = files[name]
+        else:
+            standalone = _standalone(definition, defs, set())
+            assert isinstance(standalone, dict)
+            schema = {**standalone, "namespace": NAMESPACE}
+        current[name] = make_known(schema)
+    by_fingerprint = {k.fingerprint: k for k in current.values()}
+    history = root / HISTORY_DIR
+    if history.is_dir():
+        for path in sorted(history.iterdir(), key=lambda p: p.name):
+            if path.name.endswith(".avsc"):
+                known = make_known(_load_json(path))
+                by_fingerprint.setdefault(known.fingerprint, known)
+    return Catalog(current=current, by_fingerprint=by_fingerprint)
+
+
+def schema_for(cls: type) -> KnownSchema:
+    """The current schema of record class `cls`. Raises `ContractError` if there is none."""
+    try:
+        return catalog().current[cls.__name__]
+    except KeyError:
+        raise ContractError(f"no Avro schema named {cls.__name__!r} in schemas/*.avsc") from None
+
+
+_WRITERS: dict[type, tuple[RecordPlan, KnownSchema, bytes]] = {}
+
+
+def _writer(cls: type) -> tuple[RecordPlan, KnownSchema, bytes]:
+    """The plan, current schema and single-object header of `cls`, computed once per class."""
+    found = _WRITERS.get(cls)
+    if found is None:
+        known = schema_for(cls)
+        found = (plan_for(cls), known, framing.single_object_header(known.fingerprint))
+        # A race computes the same value twice; the later write is equal and harmless.
+        _WRITERS[cls] = found
+    return found
+
+
+def _write_body(record: object, out: io.BytesIO) -> KnownSchema:
+    plan, known, _ = _writer(type(record))
+    try:
+        fastavro.schemaless_writer(out, known.parsed, plan.to_avro(record))
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise ContractError(f"{type(record).__name__} does not fit its schema: {exc}") from exc
+    return known
+
+
+def canonical_bytes(record: object) -> bytes:
+    """The schemaless Avro binary encoding of `record` under its current schema.
+
+    Deterministic: equal records give equal bytes. Raises `ContractError` if `record` is
+    not a record class of `records.py` or does not fit its schema.
+    """
+    out = io.BytesIO()
+    _write_body(record, out)
+    return out.getvalue()
+
+
+def encode_value(record: object) -> bytes:
+    """`record` in Avro single-object encoding: ``C3 01`` + fingerprint + body.
+
+    Raises `ContractError` as `canonical_bytes` does.
+    """
+    out = io.BytesIO()
+    out.write(_writer(type(record))[2])
+    _write_body(record, out)
+    return out.getvalue()
+
+
+def decode_body(
+    data: bytes,
+    start: int,
+    writer: KnownSchema,
+    cls: type[T],
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> T:
+    """Read the Avro body at ``data[start:]`` written with `writer` as a record of `cls`.
+
+    The writer schema is resolved to the current schema of `cls`. Raises `DecodeError`
+    (naming topic, partition, offset) if the body is truncated, has trailing bytes, holds
+    an unknown union branch, or the writer schema does not resolve to the reader's.
+    """
+    plan, reader, _ = _writer(cls)
+    buf = io.BytesIO(data)
+    buf.seek(start)
+    try:
+        datum = fastavro.schemaless_reader(
+            buf,
+            writer.parsed,
+            None if writer.fingerprint == reader.fingerprint else reader.parsed,
+            return_record_name=True,
+            return_record_name_override=True,
+        )
+        if not isinstance(datum, dict):
+            raise ValueError(f"expected a record datum, got {type(datum).__name__}")
+        value = plan.from_avro(datum)
+    except Exception as exc:  # fastavro signals bad bytes with many unrelated types
+        cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise DecodeError(
+            f"{writer.name} body does not decode as {cls.__name__} ({cause})",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        ) from exc
+    if buf.tell() != len(data):
+        raise DecodeError(
+            f"{len(data) - buf.tell()} trailing bytes after the {writer.name} body (wrong writer schema?)",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+    if not isinstance(value, cls):
+        raise DecodeError(f"decoded {type(value).__name__}, expected {cls.__name__}", topic=topic)
+    return value
+
+
+def decode_value(
+    data: bytes,
+    cls: type[T],
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> T:
+    """Decode a single-object encoded value as a record of `cls` (the no-registry path).
+
+    Raises `DecodeError` naming `topic`, `partition` and `offset` for bad framing, a
+    fingerprint this build does not know, a Confluent-framed value (it needs a registry:
+    use `Codec`), or a body that does not decode (see `decode_body`).
+    """
+    return _NO_REGISTRY.decode(topic, data, cls, partition=partition, offset=offset)
+
+
+class Codec:
+    """Encoder and decoder for one process, configured once.
+
+    `registry` None: write single-object encoding. A `SchemaRegistry`: write the
+    Confluent wire format, registering each record's schema under ``<topic>-value``.
+    Either way `decode` reads both framings. Safe to share between threads: its caches
+    only grow, with idempotent entries.
+    """
+
+    __slots__ = ("_headers", "_registry", "_writers")
+
+    def __init__(self, registry: SchemaRegistry | None = None) -> None:
+        self._registry = registry
+        self._headers: dict[tuple[str, type], bytes] = {}
+        self._writers: dict[int, KnownSchema] = {}
+
+    @classmethod
+    def from_url(cls, url: str | None, conf: Mapping[str, str] | None = None) -> Codec:
+        """A codec for registry `url` (``http(s)://...`` or ``mock://...``), or none if None."""
+        return cls(None if url is None else SchemaRegistry.from_url(url, conf))
+
+    @property
+    def registry(self) -> SchemaRegistry | None:
+        return self._registry
+
+    def encode(self, topic: str, record: object) -> bytes:
+        """`record` framed for `topic`: Confluent wire format with a registry, else single-object.
+
+        Raises `ContractError` if the record does not fit its schema or the registry
+        refuses the schema, and `RetriableError` if the registry cannot be reached.
+        """
+        if self._registry is None:
+            return encode_value(record)
+        key = (topic, type(record))
+        header = self._headers.get(key)
+        if header is None:
+            known = schema_for(type(record))
+            schema_id = self._registry.register(f"{topic}-value", known.text)
+            header = framing.confluent_header(schema_id)
+            self._headers[key] = header
+        out = io.BytesIO()
+        out.write(header)
+        _write_body(record, out)
+        return out.getvalue()
+
+    def decode(
+        self,
+        topic: str | None,
+        data: bytes,
+        cls: type[T],
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> T:
+        """Decode `data` from `topic` as a record of `cls`, in either framing.
+
+        Raises `DecodeError` naming `topic`, `partition` and `offset` for bad framing,
+        an unknown fingerprint or schema id, or a body that does not decode. Raises
+        `RetriableError` if the registry cannot be reached to look a schema id up.
+        """
+        frame = framing.unframe(data, topic=topic, partition=partition, offset=offset)
+        if isinstance(frame, framing.SingleObjectFrame):
+            writer = catalog().by_fingerprint.get(frame.fingerprint)
+            if writer is None:
+                raise DecodeError(
+                    f"unknown schema fingerprint {frame.fingerprint.hex()} "
+                    "(written with a schema this build does not ship)",
+                    topic=topic,
+                    partition=partition,
+                    offset=offset,
+                )
+        else:
+            if self._registry is None:
+                raise DecodeError(
+                    f"Confluent-framed value (schema id {frame.schema_id}) but no schema registry "
+                    "is configured",
+                    topic=topic,
+                    partition=partition,
+                    offset=offset,
+                )
+            writer = self._registry_writer(frame.schema_id, topic, partition, offset)
+        return decode_body(
+            data, frame.body_offset, writer, cls, topic=topic, partition=partition, offset=offset
+        )
+
+    def _registry_writer(
+        self, schema_id: int, topic: str | None, partition: int | None, offset: int | None
+    ) -> KnownSchema:
+        writer = self._writers.get(schema_id)
+        if writer is not None:
+            return writer
+        assert self._registry is not None
+        text = self._registry.schema_text(schema_id)
+        if text is None:
+            raise DecodeError(
+                f"unknown schema id {schema_id} in the registry",
+                topic=topic,
+                partition=partition,
+                offset=offset,
+            )
+        try:
+            loaded = json.loads(text)
+            if not isinstance(loaded, dict):
+                raise ValueError("not a record schema")
+            writer = make_known(loaded)
+        except (ValueError, ContractError) as exc:
+            raise DecodeError(
+                f"registry schema id {schema_id} is not a usable Avro record schema: {exc}",
+                topic=topic,
+                partition=partition,
+                offset=offset,
+            ) from exc
+        # Prefer the catalog's twin: same fingerprint, and it skips schema resolution.
+        writer = catalog().by_fingerprint.get(writer.fingerprint, writer)
+        self._writers[schema_id] = writer
+        return writer
+
+
+_NO_REGISTRY: Final = Codec(None)
