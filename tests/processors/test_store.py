@@ -1,0 +1,119 @@
+"""One contract for every `Store`: MemoryStore, RocksStore, and an Overlay over each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from torpor.processors import keys
+from torpor.processors.store import MemoryStore, Overlay, RocksStore, Store, StoreOffsets
+
+StoreFactory = Callable[[], Store]
+
+
+@pytest.fixture(params=["memory", "rocks", "overlay-memory", "overlay-rocks"])
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    opened: list[RocksStore] = []
+
+    def make() -> Store:
+        kind: str = request.param
+        base: Store
+        if kind.endswith("rocks"):
+            rocks = RocksStore(tmp_path / f"db{len(opened)}")
+            opened.append(rocks)
+            base = rocks
+        else:
+            base = MemoryStore()
+        return Overlay(base) if kind.startswith("overlay") else base
+
+    yield make
+    for rocks in opened:
+        rocks.close()
+
+
+def test_get_put_delete(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    assert store.get(b"k") is None
+    store.put(b"k", b"v")
+    assert store.get(b"k") == b"v"
+    store.put(b"k", b"w")
+    assert store.get(b"k") == b"w"
+    store.delete(b"k")
+    assert store.get(b"k") is None
+    store.delete(b"never-there")
+
+
+def test_prefix_scan_is_ordered_and_bounded(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    for seq in (3, 0, 256, 1):
+        store.put(keys.history_key("t1", seq), str(seq).encode())
+    store.put(keys.history_key("t10", 0), b"other thread")
+    store.put(keys.state_key("t1"), b"state")
+    rows = list(store.iterate(keys.history_prefix("t1")))
+    assert [keys.seq_of_history_key(k) for k, _ in rows] == [0, 1, 3, 256]
+    start = keys.history_key("t1", 2)
+    assert [v for _, v in store.iterate(keys.history_prefix("t1"), start)] == [b"3", b"256"]
+
+
+def test_thread_t1_never_sees_rows_of_t10(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    store.put(keys.seen_key("t10", "m"), b"")
+    store.put(keys.state_key("t10"), b"s")
+    assert list(store.iterate(keys.thread_prefix("t1"))) == []
+    assert len(list(store.iterate(keys.thread_prefix("t10")))) == 2
+
+
+def test_apply_writes_a_batch_and_its_offsets(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    store.put(b"gone", b"x")
+    store.apply(
+        [(b"a", b"1"), (b"b", b"2"), (b"gone", None)], StoreOffsets(changelog_offset=7, input_offset=42)
+    )
+    assert (store.get(b"a"), store.get(b"b"), store.get(b"gone")) == (b"1", b"2", None)
+    if not isinstance(store, Overlay):  # an overlay stages rows; offsets go with its commit
+        assert store.offsets() == StoreOffsets(changelog_offset=7, input_offset=42)
+
+
+def test_offsets_are_none_on_a_fresh_store(store_factory: StoreFactory) -> None:
+    assert store_factory().offsets() == StoreOffsets()
+
+
+def test_meta_rows_are_not_thread_rows() -> None:
+    assert keys.is_meta_key(keys.meta_key(keys.META_INPUT_OFFSET))
+    assert not keys.is_meta_key(keys.state_key("t"))
+    with pytest.raises(ValueError):
+        keys.thread_prefix("")
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocks"])
+def test_overlay_reads_its_writes_commits_in_one_batch_and_aborts(kind: str, tmp_path: Path) -> None:
+    base: Store = RocksStore(tmp_path / "db") if kind == "rocks" else MemoryStore()
+    base.apply([(b"p:1", b"old"), (b"p:2", b"keep"), (b"p:3", b"drop")])
+    overlay = Overlay(base)
+    overlay.put(b"p:1", b"new")
+    overlay.delete(b"p:3")
+    overlay.put(b"p:0", b"added")
+    overlay.put(b"p:1", b"newer")
+    assert list(overlay.iterate(b"p:")) == [(b"p:0", b"added"), (b"p:1", b"newer"), (b"p:2", b"keep")]
+    assert base.get(b"p:1") == b"old"  # nothing reaches the store before the commit
+    assert overlay.changes() == ((b"p:3", None), (b"p:0", b"added"), (b"p:1", b"newer"))
+    overlay.commit(StoreOffsets(changelog_offset=3, input_offset=9))
+    assert list(base.iterate(b"p:")) == [(b"p:0", b"added"), (b"p:1", b"newer"), (b"p:2", b"keep")]
+    assert base.offsets() == StoreOffsets(3, 9)
+    overlay.put(b"p:9", b"doomed")
+    overlay.abort()
+    assert base.get(b"p:9") is None and overlay.get(b"p:9") is None and overlay.changes() == ()
+    if isinstance(base, RocksStore):
+        base.close()
+
+
+def test_rocks_store_survives_reopening(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db")
+    store.apply([(keys.state_key("t"), b"s")], StoreOffsets(1, 2))
+    store.close()
+    again = RocksStore(tmp_path / "db")
+    assert again.get(keys.state_key("t")) == b"s"
+    assert again.offsets() == StoreOffsets(1, 2)
+    again.close()

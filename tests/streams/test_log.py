@@ -1,0 +1,39 @@
+"""The in-process log: partitions by murmur2, offsets from 0, reads from an offset."""
+
+from __future__ import annotations
+
+import pytest
+
+from torpor.streams.log import InProcessLog, LogTopic, partition_of
+from torpor.streams.partitioner import partition_for
+
+TOPIC = LogTopic("inputs", 4, str)
+
+
+def test_keyed_records_land_on_the_murmur2_partition_in_offset_order() -> None:
+    log = InProcessLog()
+    placed = [log.append(TOPIC, "thread-a", f"v{i}") for i in range(3)]
+    expected = partition_for(b"thread-a", 4)
+    assert {r.partition for r in placed} == {expected} == {partition_of(TOPIC, "thread-a")}
+    assert [r.offset for r in placed] == [0, 1, 2]
+    assert [r.value for r in log.read(TOPIC, expected, 1)] == ["v1", "v2"]
+    assert [r.value for r in log.read(TOPIC, expected, 0, max_records=1)] == ["v0"]
+    assert log.end_offset(TOPIC, expected) == 3
+
+
+def test_an_explicit_partition_wins_over_the_key() -> None:
+    log = InProcessLog()
+    record = log.append(TOPIC, "thread-a", "x", partition=3)
+    assert (record.partition, record.offset) == (3, 0)
+    assert len(log.read_all(TOPIC)) == 1
+
+
+def test_a_topic_keeps_its_partition_count_and_range() -> None:
+    log = InProcessLog()
+    log.append(TOPIC, "k", "x")
+    with pytest.raises(ValueError):
+        log.append(LogTopic("inputs", 2, str), "k", "x")
+    with pytest.raises(ValueError):
+        log.read(TOPIC, 4, 0)
+    with pytest.raises(ValueError):
+        LogTopic("none", 0, str)

@@ -1,0 +1,290 @@
+"""The processor's store seam: a `Store` Protocol, its two real twins, and the `Overlay`.
+
+A store is one partition's table of rows (layout in `keys.py`): byte keys, byte values,
+scanned in key order. It is a cache of the changelog that may lag the committed
+transaction but never lead it (DESIGN section 6), which is why the fold's writes go to an
+`Overlay` first and reach the store only through `Store.apply`, after the commit:
+
+    step(overlay, records)        reads see the overlay's pending writes over the store
+    ... produce, commit ...
+    overlay.commit(offsets)       store.apply(changes, offsets): one atomic write batch
+    (or overlay.abort())          the writes are dropped; the store never saw them
+
+Implementations:
+- `MemoryStore`: a dict with a sorted key index. Local mode and tests; shipped, not a mock.
+- `RocksStore`: RocksDB through rocksdict, raw byte keys, one block cache shared by every
+  store of the process (so N partitions do not cost N caches), WAL on, and `apply` as one
+  `WriteBatch` carrying the rows and the offsets the batch reaches.
+
+Both record `StoreOffsets` (the changelog offset and the input offset the store has
+reached) in metadata rows written in the same batch as the rows they describe, so a
+restart knows exactly where to resume restoring. `tests/processors/test_store.py` runs
+one contract against both.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
+
+from torpor.processors import keys
+
+Change = tuple[bytes, bytes | None]
+"""One write: the key and its new value, or None for a delete (a changelog tombstone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOffsets:
+    """How far a store has got: the last changelog offset and next input offset it holds."""
+
+    changelog_offset: int | None = None
+    input_offset: int | None = None
+
+
+class Store(Protocol):
+    """One partition's rows. Implemented by `MemoryStore`, `RocksStore` and `Overlay`."""
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value at `key`, or None when there is no row."""
+        ...
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Write one row (an `Overlay` stages it; a store writes it at once)."""
+        ...
+
+    def delete(self, key: bytes) -> None:
+        """Delete one row, if there is one."""
+        ...
+
+    def iterate(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Rows whose key starts with `prefix`, in key order, from `start` (a full key) on."""
+        ...
+
+    def apply(self, changes: Sequence[Change], offsets: StoreOffsets | None = None) -> None:
+        """Write `changes` (and `offsets`, when given) atomically: all of them or none."""
+        ...
+
+    def offsets(self) -> StoreOffsets:
+        """The offsets recorded by the last `apply` that carried them."""
+        ...
+
+
+def _encode_offsets(offsets: StoreOffsets) -> list[Change]:
+    rows: list[Change] = []
+    if offsets.changelog_offset is not None:
+        rows.append((keys.meta_key(keys.META_CHANGELOG_OFFSET), keys.encode_seq(offsets.changelog_offset)))
+    if offsets.input_offset is not None:
+        rows.append((keys.meta_key(keys.META_INPUT_OFFSET), keys.encode_seq(offsets.input_offset)))
+    return rows
+
+
+def _decode_offsets(store: Store) -> StoreOffsets:
+    changelog = store.get(keys.meta_key(keys.META_CHANGELOG_OFFSET))
+    inputs = store.get(keys.meta_key(keys.META_INPUT_OFFSET))
+    return StoreOffsets(
+        changelog_offset=None if changelog is None else keys.decode_seq(changelog),
+        input_offset=None if inputs is None else keys.decode_seq(inputs),
+    )
+
+
+class MemoryStore:
+    """A dict-backed `Store`: the same contract as RocksDB, gone when the process ends."""
+
+    def __init__(self) -> None:
+        self._rows: dict[bytes, bytes] = {}
+        self._sorted: list[bytes] = []  # the keys in order, for prefix scans
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._rows.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.apply(((key, value),))
+
+    def delete(self, key: bytes) -> None:
+        self.apply(((key, None),))
+
+    def iterate(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        begin = prefix if start is None or start < prefix else start
+        # Snapshot the keys in range, so a caller may write while it iterates.
+        index = bisect.bisect_left(self._sorted, begin)
+        selected: list[bytes] = []
+        while index < len(self._sorted) and self._sorted[index].startswith(prefix):
+            selected.append(self._sorted[index])
+            index += 1
+        for key in selected:
+            value = self._rows.get(key)
+            if value is not None:
+                yield key, value
+
+    def apply(self, changes: Sequence[Change], offsets: StoreOffsets | None = None) -> None:
+        rows = list(changes) + (_encode_offsets(offsets) if offsets is not None else [])
+        for key, value in rows:
+            if value is None:
+                if self._rows.pop(key, None) is not None:
+                    del self._sorted[bisect.bisect_left(self._sorted, key)]
+            else:
+                if key not in self._rows:
+                    bisect.insort(self._sorted, key)
+                self._rows[key] = value
+
+    def offsets(self) -> StoreOffsets:
+        return _decode_offsets(self)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+BLOCK_CACHE_BYTES: Final = 64 << 20
+"""The one block cache every RocksStore of the process shares (64 MiB: a laptop default)."""
+
+_shared_cache: Cache | None = None
+
+
+def _block_cache() -> Cache:
+    # Created lazily, once: RocksDB requires the cache to outlive every DB using it, and
+    # a module-level object lives as long as the process.
+    global _shared_cache
+    if _shared_cache is None:
+        _shared_cache = Cache(BLOCK_CACHE_BYTES)
+    return _shared_cache
+
+
+class RocksStore:
+    """A `Store` in a RocksDB directory (one per partition), through rocksdict in raw mode.
+
+    The write-ahead log stays on, so an `apply` that returned survives a process crash;
+    `sync` (default off) also survives a machine crash, at a cost per batch. Losing the
+    last batches to a machine crash is safe: the store may lag the changelog, and
+    restore replays the changelog from the offsets recorded here.
+    """
+
+    def __init__(self, path: Path | str, *, sync: bool = False) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        table = BlockBasedOptions()
+        table.set_block_cache(_block_cache())
+        options.set_block_based_table_factory(table)
+        self._db = Rdict(str(self.path), options)
+        self._write_options = WriteOptions()
+        # The WAL stays on (WriteOptions' default: disable_wal=False): it is what makes an
+        # applied batch survive a process crash. Not set here because rocksdict's stub
+        # declares the property as a method.
+        self._write_options.sync = sync
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._db.get(key)
+        assert value is None or isinstance(value, bytes)
+        return value
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.apply(((key, value),))
+
+    def delete(self, key: bytes) -> None:
+        self.apply(((key, None),))
+
+    def iterate(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        begin = prefix if start is None or start < prefix else start
+        for key, value in self._db.items(from_key=begin):
+            assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode: bytes only
+            if not key.startswith(prefix):
+                return
+            yield key, value
+
+    def apply(self, changes: Sequence[Change], offsets: StoreOffsets | None = None) -> None:
+        batch = WriteBatch(raw_mode=True)
+        rows = list(changes) + (_encode_offsets(offsets) if offsets is not None else [])
+        for key, value in rows:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._db.write(batch, self._write_options)
+
+    def offsets(self) -> StoreOffsets:
+        return _decode_offsets(self)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class Overlay:
+    """Pending writes over a `Store`: what one checkpoint has folded but not yet committed.
+
+    Reads see the pending writes first. `changes()` lists each written key once, with its
+    final value, in the order of its last write: these are also the changelog records.
+    `commit` applies them to the store in one batch; `abort` drops them.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._pending: dict[bytes, bytes | None] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._pending:
+            return self._pending[key]
+        return self.store.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._pending.pop(key, None)  # re-insert: the order is that of the last write
+        self._pending[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._pending.pop(key, None)
+        self._pending[key] = None
+
+    def iterate(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        begin = prefix if start is None or start < prefix else start
+        mine = sorted(k for k in self._pending if k.startswith(prefix) and k >= begin)
+        theirs = self.store.iterate(prefix, begin)
+        pending_key = 0
+        for key, value in theirs:
+            while pending_key < len(mine) and mine[pending_key] < key:
+                yield from self._pending_row(mine[pending_key])
+                pending_key += 1
+            if pending_key < len(mine) and mine[pending_key] == key:
+                yield from self._pending_row(key)
+                pending_key += 1
+            else:
+                yield key, value
+        for key in mine[pending_key:]:
+            yield from self._pending_row(key)
+
+    def _pending_row(self, key: bytes) -> Iterator[tuple[bytes, bytes]]:
+        value = self._pending.get(key)
+        if value is not None:
+            yield key, value
+
+    def apply(self, changes: Sequence[Change], offsets: StoreOffsets | None = None) -> None:
+        """Stage `changes` in the overlay (an overlay over an overlay nests a checkpoint)."""
+        for key, value in changes:
+            if value is None:
+                self.delete(key)
+            else:
+                self.put(key, value)
+
+    def offsets(self) -> StoreOffsets:
+        return self.store.offsets()
+
+    def changes(self) -> tuple[Change, ...]:
+        return tuple(self._pending.items())
+
+    def commit(self, offsets: StoreOffsets | None = None) -> tuple[Change, ...]:
+        """Apply the pending writes (and `offsets`) to the store in one batch; return them."""
+        changes = self.changes()
+        self.store.apply(changes, offsets)
+        self._pending.clear()
+        return changes
+
+    def abort(self) -> None:
+        """Drop the pending writes: the store is as it was before the checkpoint began."""
+        self._pending.clear()
+
+    def __len__(self) -> int:
+        return len(self._pending)

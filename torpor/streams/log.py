@@ -1,0 +1,119 @@
+"""The log seam: append records to a topic's partitions, read them back from an offset.
+
+`Log` is what local mode runs on instead of a broker, and what the Kafka mode's topics
+look like from the shell's side: a topic has a fixed number of partitions; a record is
+appended keyed (its partition chosen by the Java-compatible murmur2 partitioner, so a
+thread lands where any producer would put it) or to an explicit partition (loopback and
+changelog records); each partition's records are numbered by offset from 0, in append
+order, and never change.
+
+Topics are typed (`LogTopic[V]`): the in-process log holds the record values
+themselves, so local mode pays no serialisation and a reader gets back exactly what was
+appended. Kafka mode serialises at its boundary with `torpor.schemas`' codec.
+
+`InProcessLog` is the real in-memory twin, shipped for local mode and tests. It has no
+transactions: local mode appends a step's outputs only after applying the step, which
+is what "visible after the commit" means there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from torpor.streams.partitioner import partition_for
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class LogTopic(Generic[V]):
+    """A topic's name, partition count and value type (the type is for the checker)."""
+
+    name: str
+    partitions: int
+    value_type: type[V]
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"topic {self.name!r} needs at least one partition, not {self.partitions}")
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord(Generic[V]):
+    """One record as stored: where it is, its key and its value."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    value: V
+
+
+class Log(Protocol):
+    """An append-only, partitioned log. Implemented by `InProcessLog` (and Kafka, later)."""
+
+    def append(self, topic: LogTopic[V], key: str, value: V, partition: int | None = None) -> LogRecord[V]:
+        """Append `value` keyed by `key`, to `partition` or the key's partition; return it placed."""
+        ...
+
+    def read(
+        self, topic: LogTopic[V], partition: int, offset: int, max_records: int | None = None
+    ) -> Sequence[LogRecord[V]]:
+        """Records of `partition` from `offset` on (at most `max_records`), in offset order."""
+        ...
+
+    def end_offset(self, topic: LogTopic[V], partition: int) -> int:
+        """The offset the next appended record of `partition` will get."""
+        ...
+
+
+def partition_of(topic: LogTopic[V], key: str) -> int:
+    """The partition a keyed record of `topic` goes to: murmur2, as every producer computes it."""
+    return partition_for(key.encode("utf-8"), topic.partitions)
+
+
+class InProcessLog:
+    """A `Log` in memory: lists per topic partition, safe to share between threads."""
+
+    def __init__(self) -> None:
+        self._partitions: dict[tuple[str, int], list[LogRecord[object]]] = {}
+        self._shapes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _records(self, topic: LogTopic[V], partition: int) -> list[LogRecord[object]]:
+        known = self._shapes.setdefault(topic.name, topic.partitions)
+        if known != topic.partitions:
+            raise ValueError(f"topic {topic.name!r} has {known} partitions, not {topic.partitions}")
+        if not 0 <= partition < topic.partitions:
+            raise ValueError(f"topic {topic.name!r} has no partition {partition}")
+        return self._partitions.setdefault((topic.name, partition), [])
+
+    def append(self, topic: LogTopic[V], key: str, value: V, partition: int | None = None) -> LogRecord[V]:
+        target = partition_of(topic, key) if partition is None else partition
+        with self._lock:
+            records = self._records(topic, target)
+            record = LogRecord(topic.name, target, len(records), key, value)
+            records.append(record)  # type: ignore[arg-type]  # held as object, read back as V
+        return record
+
+    def read(
+        self, topic: LogTopic[V], partition: int, offset: int, max_records: int | None = None
+    ) -> Sequence[LogRecord[V]]:
+        with self._lock:
+            records = self._records(topic, partition)
+            end = len(records) if max_records is None else min(len(records), offset + max_records)
+            return tuple(records[offset:end])  # type: ignore[arg-type]
+
+    def end_offset(self, topic: LogTopic[V], partition: int) -> int:
+        with self._lock:
+            return len(self._records(topic, partition))
+
+    def read_all(self, topic: LogTopic[V]) -> Sequence[LogRecord[V]]:
+        """Every record of `topic`, partition by partition (for transcripts and tests)."""
+        out: list[LogRecord[V]] = []
+        for partition in range(topic.partitions):
+            out.extend(self.read(topic, partition, 0))
+        return tuple(out)
