@@ -1,0 +1,47 @@
+"""Deterministic message-id derivation: the rule every language reproduces.
+
+The fold mints every new id (request ids, synthetic call ids, child thread ids, event
+and receipt ids) from its input's `message_id`, and connectors derive result ids from a
+dispatch's `request_id`, so a replay or a retry mints the same ids and duplicates are
+absorbed. The rule, version 1::
+
+    derive_id(base, p1, ..., pn) =
+        "tp_" + lowercase_hex(SHA-256(
+            "torpor.id.v1"                       (12 ASCII bytes, a domain tag)
+            || u32be(len(utf8(base))) || utf8(base)
+            || u32be(len(utf8(p1)))   || utf8(p1)
+            ...
+            || u32be(len(utf8(pn)))   || utf8(pn)
+        ))[:32]
+
+Each string is length-prefixed (4-byte big-endian byte count of its UTF-8), so
+``("ab", "c")`` and ``("a", "bc")`` never collide and no separator character is reserved.
+The result is always 35 characters of ``[a-z0-9_]`` (128 bits of the digest), short and
+plain enough for any provider's tool-call id and any Kafka key. Test vectors are in
+`tests/schemas/test_ids.py`; a client in another language should check them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+PREFIX: Final = "tp_"
+DOMAIN: Final = b"torpor.id.v1"
+HEX_DIGITS: Final = 32
+ID_LENGTH: Final = len(PREFIX) + HEX_DIGITS
+
+
+def derive_id(base: str, *parts: str) -> str:
+    """The id derived from `base` (a message or request id) and `parts` (what is minted).
+
+    Pure and deterministic: equal arguments give the same id in every process and
+    language. Raises `UnicodeEncodeError` for a string that is not valid Unicode text
+    (a lone surrogate), which no wire id can contain.
+    """
+    digest = hashlib.sha256(DOMAIN)
+    for text in (base, *parts):
+        data = text.encode("utf-8")
+        digest.update(len(data).to_bytes(4, "big"))
+        digest.update(data)
+    return PREFIX + digest.hexdigest()[:HEX_DIGITS]
