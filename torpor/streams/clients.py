@@ -1,0 +1,117 @@
+"""Factories for the confluent-kafka clients, and the reachability check.
+
+Contract: every client Torpor makes is built here from the dicts of `streams.config`, so
+no other module assembles librdkafka configuration. A configuration librdkafka refuses
+(an unknown or invalid `[kafka.librdkafka]` property) raises `ConfigError`, never a raw
+`KafkaException`. `check_reachable` bounds the first contact with the cluster by a
+`Deadline` and turns silence into `BrokerUnreachableError`.
+
+The clients returned are confluent-kafka's own: their calls can still raise
+`KafkaException`, and the modules of `torpor.streams` that call them translate with
+`streams.errors.translate`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._metadata import ClusterMetadata  # the public name is not re-exported for typing
+
+from torpor.schemas.errors import ConfigError
+from torpor.streams.config import Settings, admin_config, consumer_config, producer_config
+from torpor.streams.deadline import Deadline
+from torpor.streams.errors import BrokerUnreachableError, translate
+
+# One metadata request waits at most this long, so that a broker still starting up (or a
+# first connection refused) is retried within the caller's deadline instead of once.
+REACHABILITY_CALL_SECONDS: Final = 5.0
+
+# What librdkafka reports when no broker answered: keep trying until the deadline.
+_NO_ANSWER: Final[frozenset[int]] = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.NETWORK_EXCEPTION,
+    }
+)
+# Refusals that no amount of waiting fixes: the credentials or protocol are wrong.
+_REFUSED: Final[frozenset[int]] = frozenset(
+    {
+        KafkaError._AUTHENTICATION,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._SSL,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
+
+
+def make_producer(settings: Settings, transactional_id: str | None = None) -> Producer:
+    """A producer (transactional when `transactional_id` is given); see `config.producer_config`.
+
+    The caller still runs `init_transactions` itself, under its own deadline.
+    """
+    conf = producer_config(settings, transactional_id=transactional_id)
+    try:
+        return Producer(conf)
+    except KafkaException as exc:
+        raise _refused(exc) from exc
+
+
+def make_consumer(settings: Settings, group_id: str, instance_id: str | None = None) -> Consumer:
+    """A read_committed, manually committing consumer; see `config.consumer_config`."""
+    conf = consumer_config(settings, group_id, instance_id=instance_id)
+    try:
+        return Consumer(conf)
+    except KafkaException as exc:
+        raise _refused(exc) from exc
+
+
+def make_admin(settings: Settings) -> AdminClient:
+    """An admin client for the configured cluster; see `config.admin_config`."""
+    conf = admin_config(settings)
+    try:
+        return AdminClient(conf)
+    except KafkaException as exc:
+        raise _refused(exc) from exc
+
+
+def _refused(exc: KafkaException) -> ConfigError:
+    """librdkafka rejected a configuration dict: only `[kafka.librdkafka]` can have caused it."""
+    return ConfigError(
+        f"librdkafka refused the client configuration: {translate(exc, operation='client setup')}. "
+        "Check the [kafka.librdkafka] properties in the config file."
+    )
+
+
+def check_reachable(admin: AdminClient, deadline: Deadline, *, bootstrap_servers: str) -> ClusterMetadata:
+    """Return the cluster metadata once a broker answers, trying until `deadline`.
+
+    Raises `BrokerUnreachableError` (naming `bootstrap_servers`, which the caller passes
+    because a client does not expose its configuration) when no broker answered in time,
+    `ConfigError` when the cluster refused the credentials, and a translated error for
+    anything else.
+    """
+    started = deadline.clock()
+    last_failure: str | None = None
+    while not deadline.expired():
+        try:
+            return admin.list_topics(timeout=deadline.timeout_for_call(REACHABILITY_CALL_SECONDS))
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            code = error.code() if error is not None else None
+            if code in _REFUSED:
+                raise ConfigError(
+                    f"the cluster at {bootstrap_servers} refused the connection: {translate(exc)}. "
+                    "Check TORPOR_SECURITY_PROTOCOL, TORPOR_SASL_MECHANISM, TORPOR_SASL_USERNAME "
+                    "and TORPOR_SASL_PASSWORD."
+                ) from exc
+            if code not in _NO_ANSWER:
+                raise translate(exc, operation="list_topics") from exc
+            last_failure = error.str() if error is not None else str(exc)
+    raise BrokerUnreachableError(bootstrap_servers, deadline.clock() - started, last_failure)

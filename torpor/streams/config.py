@@ -1,0 +1,524 @@
+"""Settings of the Kafka plumbing, their loader, and the only place librdkafka dicts are built.
+
+Contract:
+
+- `Settings` is frozen and valid by construction: each section validates itself in
+  `__post_init__` and raises `ConfigError` with a message that names the setting, the
+  `TORPOR_*` variable and the config-file key that set it, and what a valid value looks like.
+- `load_settings(env, file)` is pure apart from reading `file`: it never reads
+  `os.environ`. The command line alone does, and passes the mapping in.
+- `producer_config`, `consumer_config` and `admin_config` are the only functions in
+  Torpor that build librdkafka configuration. The keys exactly-once depends on
+  (`MANAGED_KEYS`) are set here and cannot be overridden from the config file.
+- Secrets never appear in a repr: the SASL password is a `Secret`, librdkafka overrides
+  (which may hold `ssl.key.password`) are left out of the repr, and a Schema Registry URL
+  with credentials in it is shown redacted.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Final, TypeVar
+from urllib.parse import urlsplit
+
+from torpor.schemas.errors import ConfigError
+
+# The value types librdkafka accepts for a property (AdminClient types it exactly so).
+ClientConfig = dict[str, str | int | float | bool]
+
+# Legal characters of a Kafka topic name (and a sensible client id).
+_NAME_CHARS: Final = re.compile(r"[A-Za-z0-9._-]+")
+# Kafka refuses topic names longer than 249 characters; the longest suffix we append is 9.
+_MAX_TOPIC_NAME: Final = 249
+_LONGEST_SUFFIX: Final = len("changelog")
+
+# How long an open transaction may stay open before the broker aborts it. A checkpoint
+# commits every 100-250 ms, so ten seconds is ample; it is also how long a crashed
+# instance whose transactional id is never reused can hold back read_committed readers.
+# It is Kafka Streams' exactly-once default, below the broker's 15-minute maximum.
+TRANSACTION_TIMEOUT_MS: Final = 10_000
+
+
+class SecurityProtocol(StrEnum):
+    """librdkafka `security.protocol`, spelled as librdkafka spells it."""
+
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+    @property
+    def is_sasl(self) -> bool:
+        return self in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+
+
+class SaslMechanism(StrEnum):
+    """librdkafka `sasl.mechanism` values that take a username and a password."""
+
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A string that must not be printed: its repr and str are masked; `reveal()` gives it."""
+
+    value: str
+
+    def __post_init__(self) -> None:
+        if not self.value:
+            raise ConfigError("a secret must not be empty")
+
+    def reveal(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    __str__ = __repr__
+
+
+# Keys Torpor sets itself because exactly-once, partitioning or security depends on them;
+# the value says what to do instead of overriding them.
+MANAGED_KEYS: Final[Mapping[str, str]] = {
+    "bootstrap.servers": "set TORPOR_BOOTSTRAP or [kafka] bootstrap_servers",
+    "metadata.broker.list": "set TORPOR_BOOTSTRAP or [kafka] bootstrap_servers",
+    "security.protocol": "set TORPOR_SECURITY_PROTOCOL or [kafka] security_protocol",
+    "sasl.mechanism": "set TORPOR_SASL_MECHANISM or [kafka] sasl_mechanism",
+    "sasl.mechanisms": "set TORPOR_SASL_MECHANISM or [kafka] sasl_mechanism",
+    "sasl.username": "set TORPOR_SASL_USERNAME or [kafka] sasl_username",
+    "sasl.password": "set TORPOR_SASL_PASSWORD (keep secrets out of files)",
+    "partitioner": "every producer must use murmur2_random so threads land where Java puts them",
+    "enable.idempotence": "exactly-once needs the idempotent producer",
+    "acks": "the idempotent producer needs acks=all",
+    "request.required.acks": "the idempotent producer needs acks=all",
+    "transactional.id": "it is derived per instance by the processor",
+    "group.id": "it is chosen by the component that consumes",
+    "group.instance.id": "it is derived per instance by the processor",
+    "isolation.level": "readers must be read_committed, or they see aborted records",
+    "enable.auto.commit": "offsets are committed inside the transaction, never automatically",
+    "enable.auto.offset.store": "offsets are stored explicitly with each checkpoint",
+    "partition.assignment.strategy": "the processor relies on cooperative-sticky rebalancing",
+    "auto.offset.reset": "a new group must start at the earliest input, or inputs are skipped",
+}
+
+
+def _where(env: str | None, section: str, key: str) -> str:
+    """How an operator sets one setting, for error messages."""
+    file_key = f"[{section}] {key} in the config file"
+    return f"set {env} or {file_key}" if env else f"set {file_key}"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    """How to reach and authenticate to the cluster, shared by every client Torpor makes."""
+
+    # Kafka's conventional listener; `torpor broker start` prints the address it really uses.
+    bootstrap_servers: str = "localhost:9092"
+    # Prefixes every client.id, so broker logs and quotas can tell Torpor's clients apart.
+    client_id_prefix: str = "torpor"
+    # A local broker speaks plaintext; production clusters set SASL_SSL or SSL.
+    security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    # PLAIN is what managed clusters (Confluent Cloud, MSK with SASL/SCRAM aside) expect.
+    sasl_mechanism: SaslMechanism = SaslMechanism.PLAIN
+    # Only with a SASL protocol; unset for plaintext and SSL.
+    sasl_username: str | None = None
+    sasl_password: Secret | None = None
+    # Extra librdkafka properties, sorted (key, value) pairs. Not in the repr: values such
+    # as ssl.key.password are secrets. `MANAGED_KEYS` cannot appear here.
+    librdkafka_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        self._check_bootstrap()
+        if not _NAME_CHARS.fullmatch(self.client_id_prefix):
+            raise ConfigError(
+                f"client id prefix {self.client_id_prefix!r} must be non-empty and use only letters, "
+                f"digits, '.', '_' and '-': {_where('TORPOR_CLIENT_ID_PREFIX', 'kafka', 'client_id_prefix')}"
+            )
+        self._check_sasl()
+        self._check_overrides()
+
+    def _check_bootstrap(self) -> None:
+        fix = _where("TORPOR_BOOTSTRAP", "kafka", "bootstrap_servers")
+        entries = [entry.strip() for entry in self.bootstrap_servers.split(",")]
+        if not self.bootstrap_servers.strip() or not all(entries):
+            raise ConfigError(
+                f"bootstrap servers {self.bootstrap_servers!r} must be a comma-separated list of "
+                f"host:port, e.g. localhost:9092: {fix}"
+            )
+        for entry in entries:
+            address = entry.split("://", 1)[-1]  # librdkafka accepts an optional PROTOCOL:// prefix
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(
+                    f"bootstrap server {entry!r} is not host:port with a port from 1 to 65535 "
+                    f"(e.g. localhost:9092): {fix}"
+                )
+
+    def _check_sasl(self) -> None:
+        has_credentials = self.sasl_username is not None or self.sasl_password is not None
+        if self.security_protocol.is_sasl:
+            if not self.sasl_username or self.sasl_password is None:
+                raise ConfigError(
+                    f"security protocol {self.security_protocol} needs a SASL username and password: "
+                    "set TORPOR_SASL_USERNAME and TORPOR_SASL_PASSWORD"
+                )
+        elif has_credentials:
+            # Credentials with a non-SASL protocol would be silently ignored by librdkafka.
+            raise ConfigError(
+                f"SASL credentials are set but the security protocol is {self.security_protocol}: "
+                "set TORPOR_SECURITY_PROTOCOL to SASL_SSL (or SASL_PLAINTEXT), or remove the credentials"
+            )
+
+    def _check_overrides(self) -> None:
+        keys = [key for key, _ in self.librdkafka_overrides]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"librdkafka overrides repeat a key: {sorted(keys)}")
+        for key in keys:
+            if not key or key != key.strip() or " " in key:
+                raise ConfigError(f"librdkafka override key {key!r} is not a property name")
+            if key in MANAGED_KEYS:
+                raise ConfigError(
+                    f"librdkafka property {key!r} is managed by Torpor and cannot be overridden "
+                    f"({MANAGED_KEYS[key]}): remove it from [kafka.librdkafka]"
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """Names and shape of the topics Torpor creates (see `torpor.streams.topics`)."""
+
+    # The design's default: every Torpor topic is namespaced, so several apps share a cluster.
+    prefix: str = "torpor."
+    # Partitions cap the processor instances that can share the work, and growing them later
+    # moves threads to other partitions (and their stores with them); six leaves room to
+    # scale out on a laptop broker without that migration.
+    partitions: int = 6
+    # One copy works on a single-broker development cluster; production sets 3.
+    replication_factor: int = 1
+
+    def __post_init__(self) -> None:
+        longest = len(self.prefix) + _LONGEST_SUFFIX
+        if (self.prefix and not _NAME_CHARS.fullmatch(self.prefix)) or longest > _MAX_TOPIC_NAME:
+            raise ConfigError(
+                f"topic prefix {self.prefix!r} must use only letters, digits, '.', '_' and '-' and leave "
+                f"topic names under {_MAX_TOPIC_NAME + 1} characters: "
+                f"{_where('TORPOR_TOPIC_PREFIX', 'topics', 'prefix')}"
+            )
+        _check_count(self.partitions, "partitions", "TORPOR_PARTITIONS")
+        _check_count(self.replication_factor, "replication_factor", "TORPOR_REPLICATION_FACTOR")
+
+
+def _check_count(value: int, key: str, env: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"topics {key} must be a whole number of at least 1, got {value!r}: {_where(env, 'topics', key)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaRegistrySettings:
+    """Where the Schema Registry is; without one, records use Avro single-object encoding."""
+
+    # No registry by default: single-object encoding needs none, so a laptop needs nothing extra.
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.url is None:
+            return
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"schema registry URL {self._redacted()!r} must be http:// or https:// with a host: "
+                f"{_where('TORPOR_SCHEMA_REGISTRY_URL', 'schema_registry', 'url')}"
+            )
+
+    def _redacted(self) -> str | None:
+        if self.url is None:
+            return None
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        return parts._replace(netloc=f"{parts.username}:********@{parts.netloc.rsplit('@', 1)[-1]}").geturl()
+
+    def __repr__(self) -> str:
+        return f"SchemaRegistrySettings(url={self._redacted()!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """All settings of `torpor.streams`, one section per concern."""
+
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    schema_registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
+
+
+# ---------------------------------------------------------------------------------------
+# Loading: defaults < TOML file < TORPOR_* variables.
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """One loadable setting: its file section and key, its variable, its type."""
+
+    section: str
+    key: str
+    env: str | None
+    kind: type[str] | type[int]
+    optional: bool = False  # an empty variable clears it, instead of being an error
+
+
+_KEYS: Final[tuple[_Key, ...]] = (
+    _Key("kafka", "bootstrap_servers", "TORPOR_BOOTSTRAP", str),
+    _Key("kafka", "client_id_prefix", "TORPOR_CLIENT_ID_PREFIX", str),
+    _Key("kafka", "security_protocol", "TORPOR_SECURITY_PROTOCOL", str),
+    _Key("kafka", "sasl_mechanism", "TORPOR_SASL_MECHANISM", str),
+    _Key("kafka", "sasl_username", "TORPOR_SASL_USERNAME", str, optional=True),
+    _Key("kafka", "sasl_password", "TORPOR_SASL_PASSWORD", str, optional=True),
+    _Key("topics", "prefix", "TORPOR_TOPIC_PREFIX", str),
+    _Key("topics", "partitions", "TORPOR_PARTITIONS", int),
+    _Key("topics", "replication_factor", "TORPOR_REPLICATION_FACTOR", int),
+    _Key("schema_registry", "url", "TORPOR_SCHEMA_REGISTRY_URL", str, optional=True),
+)
+_OVERRIDES_TABLE: Final = "librdkafka"  # [kafka.librdkafka]: free-form librdkafka properties
+_SECTIONS: Final = frozenset(k.section for k in _KEYS)
+
+_Value = str | int | None
+_Values = Mapping[tuple[str, str], _Value]
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def load_settings(env: Mapping[str, str], file: Path | None) -> Settings:
+    """Build `Settings` from defaults, then the TOML `file`, then `TORPOR_*` variables in `env`.
+
+    Later sources win. The file has sections `[kafka]`, `[kafka.librdkafka]`, `[topics]`
+    and `[schema_registry]`; other sections belong to other packages and are ignored, but
+    an unknown key inside these sections is an error (it is usually a typo). Variables:
+
+    - `TORPOR_BOOTSTRAP`: comma-separated host:port list (`[kafka] bootstrap_servers`).
+    - `TORPOR_CLIENT_ID_PREFIX`: prefix of every client.id (`[kafka] client_id_prefix`).
+    - `TORPOR_SECURITY_PROTOCOL`: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+    - `TORPOR_SASL_MECHANISM`: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    - `TORPOR_SASL_USERNAME`, `TORPOR_SASL_PASSWORD`: SASL credentials (empty clears them).
+    - `TORPOR_TOPIC_PREFIX`: prefix of every topic name (`[topics] prefix`, default `torpor.`).
+    - `TORPOR_PARTITIONS`: partitions of new topics (`[topics] partitions`, default 6).
+    - `TORPOR_REPLICATION_FACTOR`: replicas of new topics (`[topics] replication_factor`).
+    - `TORPOR_SCHEMA_REGISTRY_URL`: Schema Registry URL (`[schema_registry] url`; empty clears it).
+
+    librdkafka overrides come from `[kafka.librdkafka]` only (string, integer or boolean
+    values). Raises `ConfigError` naming the source and the fix for a missing or unreadable
+    file, a malformed value, or a setting that fails validation.
+    """
+    values: dict[tuple[str, str], _Value] = {}
+    overrides: dict[str, str] = {}
+    if file is not None:
+        values.update(_read_file(file, overrides))
+    values.update(_read_env(env))
+    return _build(values, overrides)
+
+
+def _read_file(file: Path, overrides: dict[str, str]) -> dict[tuple[str, str], _Value]:
+    try:
+        document = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
+    known = {(k.section, k.key): k for k in _KEYS}
+    values: dict[tuple[str, str], _Value] = {}
+    for section in sorted(_SECTIONS & document.keys()):
+        table = document[section]
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {file}: [{section}] must be a table")
+        for key, value in table.items():
+            if section == "kafka" and key == _OVERRIDES_TABLE:
+                overrides.update(_read_overrides(file, value))
+                continue
+            spec = known.get((section, key))
+            if spec is None:
+                allowed = sorted(k.key for k in _KEYS if k.section == section)
+                raise ConfigError(f"config file {file}: unknown key {key!r} in [{section}]; known: {allowed}")
+            if isinstance(value, bool) or not isinstance(value, spec.kind):
+                raise ConfigError(
+                    f"config file {file}: [{section}] {key} must be a {spec.kind.__name__}, got {value!r}"
+                )
+            values[(section, key)] = value
+    return values
+
+
+def _read_overrides(file: Path, table: object) -> dict[str, str]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {file}: [kafka.librdkafka] must be a table of properties")
+    result: dict[str, str] = {}
+    for key, value in table.items():
+        if isinstance(value, bool):
+            result[key] = "true" if value else "false"  # librdkafka's spelling of booleans
+        elif isinstance(value, str | int):
+            result[key] = str(value)
+        else:
+            raise ConfigError(
+                f"config file {file}: [kafka.librdkafka] {key!r} must be a string, integer or boolean"
+            )
+    return result
+
+
+def _read_env(env: Mapping[str, str]) -> dict[tuple[str, str], _Value]:
+    values: dict[tuple[str, str], _Value] = {}
+    for spec in _KEYS:
+        if spec.env is None or spec.env not in env:
+            continue
+        raw = env[spec.env].strip()
+        if not raw:
+            if not spec.optional:
+                raise ConfigError(f"{spec.env} is set but empty: unset it or give it a value")
+            values[(spec.section, spec.key)] = None
+        elif spec.kind is int:
+            try:
+                values[(spec.section, spec.key)] = int(raw)
+            except ValueError:
+                raise ConfigError(f"{spec.env}={raw!r} is not a whole number") from None
+        else:
+            values[(spec.section, spec.key)] = raw
+    return values
+
+
+def _build(values: _Values, overrides: Mapping[str, str]) -> Settings:
+    kafka_defaults = KafkaSettings()
+    topic_defaults = TopicSettings()
+    username = _text(values, "kafka", "sasl_username", kafka_defaults.sasl_username)
+    password = _text(values, "kafka", "sasl_password", None)
+    kafka = KafkaSettings(
+        bootstrap_servers=_required(values, "kafka", "bootstrap_servers", kafka_defaults.bootstrap_servers),
+        client_id_prefix=_required(values, "kafka", "client_id_prefix", kafka_defaults.client_id_prefix),
+        security_protocol=_choice(
+            SecurityProtocol,
+            _required(values, "kafka", "security_protocol", kafka_defaults.security_protocol.value),
+            "TORPOR_SECURITY_PROTOCOL",
+        ),
+        sasl_mechanism=_choice(
+            SaslMechanism,
+            _required(values, "kafka", "sasl_mechanism", kafka_defaults.sasl_mechanism.value),
+            "TORPOR_SASL_MECHANISM",
+        ),
+        sasl_username=username,
+        sasl_password=Secret(password) if password else None,
+        librdkafka_overrides=tuple(sorted(overrides.items())),
+    )
+    topics = TopicSettings(
+        prefix=_required(values, "topics", "prefix", topic_defaults.prefix),
+        partitions=_count(values, "partitions", topic_defaults.partitions),
+        replication_factor=_count(values, "replication_factor", topic_defaults.replication_factor),
+    )
+    registry = SchemaRegistrySettings(url=_text(values, "schema_registry", "url", None))
+    return Settings(kafka=kafka, topics=topics, schema_registry=registry)
+
+
+def _text(values: _Values, section: str, key: str, default: str | None) -> str | None:
+    if (section, key) not in values:
+        return default
+    value = values[(section, key)]
+    return value if isinstance(value, str) else None
+
+
+def _required(values: _Values, section: str, key: str, default: str) -> str:
+    value = _text(values, section, key, default)
+    return default if value is None else value
+
+
+def _count(values: _Values, key: str, default: int) -> int:
+    value = values.get(("topics", key), default)
+    return value if isinstance(value, int) else default
+
+
+def _choice(enum: type[_E], raw: str, env: str) -> _E:
+    try:
+        return enum(raw.upper())
+    except ValueError:
+        choices = ", ".join(member.value for member in enum)
+        raise ConfigError(f"{env}={raw!r} is not one of {choices}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# librdkafka dicts: built here and nowhere else.
+
+
+def producer_config(settings: Settings, *, transactional_id: str | None = None) -> ClientConfig:
+    """The librdkafka config of a producer; transactional when `transactional_id` is given.
+
+    Always idempotent with acks=all, and always `partitioner=murmur2_random`, so that a
+    keyed record lands on the partition Java's producer (and `partitioner.partition_for`)
+    picks. A transactional producer gets `transaction.timeout.ms=TRANSACTION_TIMEOUT_MS`
+    unless `[kafka.librdkafka]` overrides it. Raises `ConfigError` for an empty id.
+    """
+    role = "producer"
+    conf = _base(settings.kafka)
+    conf["partitioner"] = "murmur2_random"
+    conf["enable.idempotence"] = True
+    conf["acks"] = "all"
+    if transactional_id is not None:
+        if not transactional_id.strip():
+            raise ConfigError("a transactional producer needs a non-empty transactional id")
+        role = f"producer-{transactional_id}"
+        conf["transactional.id"] = transactional_id
+        conf["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
+    return _finish(conf, settings.kafka, role)
+
+
+def consumer_config(settings: Settings, group_id: str, *, instance_id: str | None = None) -> ClientConfig:
+    """The librdkafka config of an exactly-once consumer in `group_id`.
+
+    read_committed (aborted records are never seen), no automatic commit or offset store
+    (offsets travel inside the producer's transaction), cooperative-sticky assignment (a
+    rebalance revokes only the partitions that move), static membership when
+    `instance_id` is given (a restart within the session timeout keeps its partitions),
+    and `auto.offset.reset=earliest` (a new group starts at the first input, never skips).
+    Raises `ConfigError` for an empty group or instance id.
+    """
+    if not group_id.strip():
+        raise ConfigError("a consumer needs a non-empty group id")
+    conf = _base(settings.kafka)
+    conf["group.id"] = group_id
+    conf["isolation.level"] = "read_committed"
+    conf["enable.auto.commit"] = False
+    conf["enable.auto.offset.store"] = False
+    conf["partition.assignment.strategy"] = "cooperative-sticky"
+    conf["auto.offset.reset"] = "earliest"
+    role = f"consumer-{group_id}"
+    if instance_id is not None:
+        if not instance_id.strip():
+            raise ConfigError("a static group member needs a non-empty instance id")
+        conf["group.instance.id"] = instance_id
+        role = f"{role}-{instance_id}"
+    return _finish(conf, settings.kafka, role)
+
+
+def admin_config(settings: Settings) -> ClientConfig:
+    """The librdkafka config of an admin client: connection and security only."""
+    return _finish(_base(settings.kafka), settings.kafka, "admin")
+
+
+def _base(kafka: KafkaSettings) -> ClientConfig:
+    conf: ClientConfig = {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "security.protocol": kafka.security_protocol.value,
+    }
+    if kafka.security_protocol.is_sasl and kafka.sasl_username and kafka.sasl_password:
+        conf["sasl.mechanism"] = kafka.sasl_mechanism.value
+        conf["sasl.username"] = kafka.sasl_username
+        conf["sasl.password"] = kafka.sasl_password.reveal()
+    return conf
+
+
+def _finish(conf: ClientConfig, kafka: KafkaSettings, role: str) -> ClientConfig:
+    conf["client.id"] = f"{kafka.client_id_prefix}-{role}"
+    # Overrides go last so they can tune anything not in MANAGED_KEYS (validation keeps
+    # them away from those), including transaction.timeout.ms and client.id.
+    conf.update(kafka.librdkafka_overrides)
+    return conf

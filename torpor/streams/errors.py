@@ -1,0 +1,160 @@
+"""The errors of the Kafka plumbing, and `translate`: no raw `KafkaException` leaves `torpor.streams`.
+
+Every failure of a confluent-kafka call is classified here by what the caller must do,
+under the root tree of `torpor.schemas.errors`::
+
+    TorporError
+    ├── ConfigError                         refuse to start
+    │   ├── BrokerUnreachableError          no broker answered at the bootstrap address in time
+    │   └── TopicLayoutError                the topics exist but are laid out wrongly
+    ├── RetriableError
+    │   └── KafkaRetriableError             retriable Kafka error: retry the call within its deadline
+    ├── CheckpointAbortedError
+    │   └── TransactionAbortRequiredError   abort the transaction, drop the overlay, seek back
+    ├── FencedError
+    │   └── ProducerFencedError             fatal or fenced: another instance owns the id, exit
+    └── KafkaOperationError                 any other Kafka error, with its code and description
+
+`translate(exc)` picks the class from the `KafkaError` flags and code, in this order,
+because librdkafka may set more than one flag and the strongest remedy must win:
+
+1. fatal, or a fencing code (`_FENCED`, `PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH`, ...)
+   -> `ProducerFencedError`: the producer is unusable; retrying or aborting cannot help.
+2. `txn_requires_abort()` -> `TransactionAbortRequiredError`.
+3. `retriable()` -> `KafkaRetriableError`.
+4. anything else -> `KafkaOperationError`.
+
+Why `BrokerUnreachableError` is a `ConfigError` and not a `RetriableError`: it is raised
+only after the caller's whole deadline has passed without an answer, so there is no
+budget left to retry in. At that point the caller refuses to start, and the operator
+either fixes the bootstrap address or starts the broker. A broker lost while running is
+different: librdkafka reconnects by itself, and its errors arrive through `translate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from confluent_kafka import KafkaError, KafkaException
+
+from torpor.schemas.errors import (
+    CheckpointAbortedError,
+    ConfigError,
+    FencedError,
+    RetriableError,
+    TorporError,
+)
+
+# Codes that mean "another producer instance owns this transactional id now", whether or
+# not librdkafka raised them as fatal. The only remedy is to exit and let the new owner run.
+FENCING_CODES: Final[frozenset[int]] = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTION_COORDINATOR_FENCED,
+        KafkaError.FENCED_INSTANCE_ID,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaErrorDetail:
+    """What librdkafka said: the numeric code, its symbolic name and the description."""
+
+    code: int
+    name: str
+    description: str
+
+    @classmethod
+    def of(cls, error: KafkaError) -> KafkaErrorDetail:
+        return cls(code=error.code(), name=error.name(), description=error.str())
+
+    def __str__(self) -> str:
+        return f"{self.name} (code {self.code}): {self.description}"
+
+
+class BrokerUnreachableError(ConfigError):
+    """No broker answered at the bootstrap address before the deadline.
+
+    The message names the address and what to do: check it, or start a local broker
+    with `torpor broker start`.
+    """
+
+    def __init__(self, bootstrap_servers: str, waited_seconds: float, cause: str | None = None) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.waited_seconds = waited_seconds
+        because = f" ({cause})" if cause else ""
+        super().__init__(
+            f"no Kafka broker answered at {bootstrap_servers} within {waited_seconds:.1f}s{because}. "
+            "Check TORPOR_BOOTSTRAP (or [kafka] bootstrap_servers in the config file), "
+            "or start a local broker with `torpor broker start`."
+        )
+
+
+class TopicLayoutError(ConfigError):
+    """The Torpor topics exist but break an invariant (partition counts, compaction).
+
+    The message says which topic is wrong, why it matters and the command that fixes it.
+    """
+
+
+class _FromKafka(TorporError):
+    """Mixin: an error translated from librdkafka, which keeps the original detail."""
+
+    def __init__(self, message: str, detail: KafkaErrorDetail) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class ProducerFencedError(_FromKafka, FencedError):
+    """Fatal or fenced: a newer instance owns this transactional id. Exit; do not retry."""
+
+
+class TransactionAbortRequiredError(_FromKafka, CheckpointAbortedError):
+    """The open transaction cannot commit: abort it, drop the overlay, seek back."""
+
+
+class KafkaRetriableError(_FromKafka, RetriableError):
+    """A transient Kafka failure: retry the same call while its deadline allows."""
+
+
+class KafkaOperationError(_FromKafka):
+    """A Kafka error with no better classification; the message carries its code."""
+
+
+def translate(exc: KafkaException | KafkaError, *, operation: str = "kafka call") -> TorporError:
+    """Classify a confluent-kafka failure by what the caller must do (see the module docstring).
+
+    `operation` names the call that failed (e.g. "commit_transaction"), so the message
+    reads as "<operation> failed: <NAME> (code N): <description>. <what to do>".
+    Returns the error; the caller raises it `from exc`, keeping the original as the cause.
+    """
+    error = _error_of(exc)
+    detail = KafkaErrorDetail.of(error)
+    head = f"{operation} failed: {detail}"
+    if error.fatal() or error.code() in FENCING_CODES:
+        return ProducerFencedError(
+            f"{head}. The client is fenced or fatally failed (another instance likely took over its "
+            "transactional.id or group.instance.id): exit and let the new owner run; do not retry.",
+            detail,
+        )
+    if error.txn_requires_abort():
+        return TransactionAbortRequiredError(
+            f"{head}. Abort the transaction, drop the overlay and seek back to the committed offsets.",
+            detail,
+        )
+    if error.retriable():
+        return KafkaRetriableError(f"{head}. Retriable: retry within the deadline.", detail)
+    return KafkaOperationError(head, detail)
+
+
+def _error_of(exc: KafkaException | KafkaError) -> KafkaError:
+    """The `KafkaError` inside `exc`; a KafkaException raised with a bare string becomes `_FAIL`."""
+    if isinstance(exc, KafkaError):
+        return exc
+    first = exc.args[0] if exc.args else None
+    if isinstance(first, KafkaError):
+        return first
+    return KafkaError(KafkaError._FAIL, str(first) if first is not None else repr(exc))

@@ -1,0 +1,150 @@
+"""The Torpor topics: their names and the layout each must have (DESIGN.md, section 3).
+
+Contract: `TopicNames.for_prefix(prefix)` names the seven topics, and `topic_specs(settings)`
+returns one `TopicSpec` per topic from the `LAYOUTS` table: partition count, replication
+factor and the topic configs that `admin.ensure_topics` creates them with. Every retention
+is set explicitly, so the behaviour never depends on the broker's defaults.
+
+Two invariants the processor relies on, checked again on existing topics by
+`admin.ensure_topics`: the changelog has exactly as many partitions as `inputs` (store
+partition N is restored from changelog partition N), and the changelog is compacted (only
+the latest value of each store key is kept, and nothing live is ever deleted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from typing import Final
+
+from torpor.streams.config import TopicSettings
+
+_DAY_MS: Final = 24 * 60 * 60 * 1000
+# Kafka's "keep forever" for retention.ms; it is the broker's own spelling, not ours.
+_FOREVER: Final = "-1"
+
+
+class Topic(StrEnum):
+    """The seven topics; the value is the suffix after the prefix."""
+
+    INPUTS = "inputs"
+    OUTBOX = "outbox"
+    EVENTS = "events"
+    RECEIPTS = "receipts"
+    CHANGELOG = "changelog"
+    PARKED = "parked"
+    TOOLSETS = "toolsets"
+
+
+class PartitionRule(Enum):
+    """How many partitions a topic gets."""
+
+    LIKE_INPUTS = "like_inputs"  # keyed by thread id (or store key): one partition per input partition
+    ONE = "one"  # a small catalogue read whole
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How one topic is laid out, before a prefix or a partition count is known."""
+
+    partitions: PartitionRule
+    config: Mapping[str, str]
+    why: str
+
+
+LAYOUTS: Final[Mapping[Topic, Layout]] = {
+    Topic.INPUTS: Layout(
+        PartitionRule.LIKE_INPUTS,
+        {"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+        "the source of truth: re-folding it rebuilds every thread, so nothing may expire",
+    ),
+    Topic.OUTBOX: Layout(
+        PartitionRule.LIKE_INPUTS,
+        {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+        "connectors consume dispatches promptly; a week covers a connector down over a long weekend",
+    ),
+    Topic.EVENTS: Layout(
+        PartitionRule.LIKE_INPUTS,
+        {"cleanup.policy": "delete", "retention.ms": str(1 * _DAY_MS)},
+        "a live feed for observers (model deltas included); history is durable in the store, "
+        "so a day lets a UI catch up after a restart without keeping every delta",
+    ),
+    Topic.RECEIPTS: Layout(
+        PartitionRule.LIKE_INPUTS,
+        {"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+        "the audit trail, one receipt per input: kept as long as the inputs it accounts for",
+    ),
+    Topic.CHANGELOG: Layout(
+        PartitionRule.LIKE_INPUTS,
+        {"cleanup.policy": "compact"},
+        "the store's replica: compacted to the latest value per key, restored partition for partition",
+    ),
+    Topic.PARKED: Layout(
+        PartitionRule.LIKE_INPUTS,
+        {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+        "work waiting for an operator: a month to notice, look and replay it",
+    ),
+    Topic.TOOLSETS: Layout(
+        PartitionRule.ONE,
+        {"cleanup.policy": "compact"},
+        "a small catalogue keyed by toolset name, read whole by clients: compacted, one partition",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """The full name of each Torpor topic under one prefix."""
+
+    inputs: str
+    outbox: str
+    events: str
+    receipts: str
+    changelog: str
+    parked: str
+    toolsets: str
+
+    @classmethod
+    def for_prefix(cls, prefix: str) -> TopicNames:
+        return cls(**{topic.value: f"{prefix}{topic.value}" for topic in Topic})
+
+    def of(self, topic: Topic) -> str:
+        """The full name of `topic`."""
+        name: str = getattr(self, topic.value)
+        return name
+
+    def all(self) -> tuple[str, ...]:
+        return tuple(self.of(topic) for topic in Topic)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic as it must be created: name, partitions, replication factor and configs."""
+
+    topic: Topic
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str]
+
+
+def topic_specs(settings: TopicSettings, *, inputs_partitions: int | None = None) -> tuple[TopicSpec, ...]:
+    """One spec per topic, in `Topic` order.
+
+    `inputs_partitions` is the partition count `inputs` already has on the broker, when it
+    exists: the topics that follow `inputs` must match it, whatever `settings.partitions`
+    says now (the setting only applies to a fresh `inputs`).
+    """
+    names = TopicNames.for_prefix(settings.prefix)
+    like_inputs = settings.partitions if inputs_partitions is None else inputs_partitions
+    return tuple(
+        TopicSpec(
+            topic=topic,
+            name=names.of(topic),
+            partitions=like_inputs if layout.partitions is PartitionRule.LIKE_INPUTS else 1,
+            replication_factor=settings.replication_factor,
+            config=dict(layout.config),
+        )
+        for topic, layout in LAYOUTS.items()
+    )
