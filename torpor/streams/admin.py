@@ -1,0 +1,221 @@
+"""`ensure_topics`: create the Torpor topics that are missing, then check the invariants.
+
+Contract: `ensure_topics(admin, settings, deadline)` is idempotent. It creates every topic
+of `topics.topic_specs` that does not exist yet (another instance creating it at the same
+moment is fine), leaves existing topics as they are, waits until the broker's metadata
+shows them all, and then verifies the two invariants the processor relies on:
+
+1. the changelog has as many partitions as `inputs`, since the store of inputs partition
+   N is restored from changelog partition N;
+2. every topic the layout compacts (the changelog, the toolsets) has `cleanup.policy=compact`,
+   or live store rows would be deleted by retention.
+
+A broken invariant raises `TopicLayoutError` (a `ConfigError`) that names the topic, the
+reason and the command that fixes it: Torpor never alters an existing topic by itself.
+No broker answering before `deadline` raises `BrokerUnreachableError`. Every broker call is
+bounded by the deadline; no raw `KafkaException` escapes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+# The public names in confluent_kafka.admin are not re-exported for a type checker.
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._metadata import ClusterMetadata
+from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.cimpl import NewTopic
+
+from torpor.schemas.errors import ConfigError, RetriableError
+from torpor.streams.clients import check_reachable
+from torpor.streams.config import Settings
+from torpor.streams.deadline import Deadline
+from torpor.streams.errors import BrokerUnreachableError, TopicLayoutError, translate
+from torpor.streams.topics import LAYOUTS, Topic, TopicNames, TopicSpec, topic_specs
+
+# A single admin request may take this long; the caller's deadline bounds the whole.
+ADMIN_CALL_SECONDS: Final = 10.0
+# Between two metadata reads while new topics propagate: short, since it usually takes
+# tens of milliseconds, and bounded by the deadline anyway.
+_PROPAGATION_PAUSE: Final = 0.05
+
+# Broker answers to CreateTopics that only the operator can fix, with what to change.
+_CREATE_REFUSALS: Final[Mapping[int, str]] = {
+    KafkaError.INVALID_REPLICATION_FACTOR: (
+        "the replication factor is larger than the number of brokers: "
+        "set TORPOR_REPLICATION_FACTOR (or [topics] replication_factor) to at most the broker count"
+    ),
+    KafkaError.INVALID_PARTITIONS: "set TORPOR_PARTITIONS (or [topics] partitions) to a count it accepts",
+    KafkaError.INVALID_CONFIG: "the broker rejected a topic config; check the broker's allowed topic configs",
+    KafkaError.POLICY_VIOLATION: "a broker create-topic policy refused it; ask the cluster's operator",
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "grant this principal CREATE on the topic, or create it yourself",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "grant this principal CREATE on the cluster, or create them",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicsEnsured:
+    """What `ensure_topics` found: topics it created, topics that existed, the partition count."""
+
+    created: tuple[str, ...]
+    existing: tuple[str, ...]
+    partitions: int
+
+
+def ensure_topics(admin: AdminClient, settings: Settings, deadline: Deadline) -> TopicsEnsured:
+    """Create the missing Torpor topics, then verify the layout (see the module docstring).
+
+    Returns what was created and what already existed. Raises `BrokerUnreachableError`
+    when no broker answers before `deadline`, `RetriableError` when new topics get no
+    leader in time, `TopicLayoutError` when an existing topic breaks an invariant,
+    `ConfigError` when the broker refuses to create a topic for a reason the operator must
+    fix, and a translated `TorporError` otherwise.
+    """
+    bootstrap = settings.kafka.bootstrap_servers
+    names = TopicNames.for_prefix(settings.topics.prefix)
+    metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
+    inputs = metadata.topics.get(names.inputs)
+    # An existing inputs topic decides the count for the topics that follow it.
+    inputs_partitions = len(inputs.partitions) if inputs is not None and inputs.error is None else None
+    specs = topic_specs(settings.topics, inputs_partitions=inputs_partitions)
+    missing = [spec for spec in specs if spec.name not in metadata.topics]
+    created = _create(admin, missing, deadline, bootstrap)
+    metadata = _await_metadata(admin, [spec.name for spec in specs], deadline, bootstrap)
+    _check_partitions(metadata, names, bootstrap)
+    _check_compaction(admin, names, deadline, bootstrap)
+    existing = tuple(spec.name for spec in specs if spec.name not in created)
+    return TopicsEnsured(
+        created=created, existing=existing, partitions=len(metadata.topics[names.inputs].partitions)
+    )
+
+
+def _create(
+    admin: AdminClient, specs: Sequence[TopicSpec], deadline: Deadline, bootstrap: str
+) -> tuple[str, ...]:
+    """Create `specs`; returns the names this call created (not those a racing instance did)."""
+    if not specs:
+        return ()
+    timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
+    new_topics = [
+        NewTopic(
+            spec.name,
+            num_partitions=spec.partitions,
+            replication_factor=spec.replication_factor,
+            config=dict(spec.config),
+        )
+        for spec in specs
+    ]
+    try:
+        futures = admin.create_topics(new_topics, request_timeout=timeout, operation_timeout=timeout)
+    except KafkaException as exc:
+        raise translate(exc, operation="create_topics") from exc
+    created: list[str] = []
+    for name, future in futures.items():
+        try:
+            # librdkafka resolves the future by request_timeout; the margin only covers its bookkeeping.
+            future.result(timeout=timeout + 1.0)
+        except concurrent.futures.TimeoutError:
+            raise BrokerUnreachableError(bootstrap, timeout, f"creating {name} got no answer") from None
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue  # another instance created it between our metadata read and now
+            if error.code() in _CREATE_REFUSALS:
+                raise ConfigError(
+                    f"the broker at {bootstrap} refused to create topic {name}: {error.str()}. "
+                    f"{_CREATE_REFUSALS[error.code()]}."
+                ) from exc
+            raise translate(exc, operation=f"create topic {name}") from exc
+        created.append(name)
+    return tuple(created)
+
+
+def _await_metadata(
+    admin: AdminClient, names: Sequence[str], deadline: Deadline, bootstrap: str
+) -> ClusterMetadata:
+    """Wait until every topic in `names` shows in the metadata with a leader on each partition."""
+    while True:
+        metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
+        pending = [name for name in names if not _is_ready(metadata, name)]
+        if not pending:
+            return metadata
+        if deadline.expired():
+            raise RetriableError(
+                f"topics {', '.join(pending)} at {bootstrap} still have no leader on every partition at the "
+                "deadline: retry with a longer deadline, or check the broker's log"
+            )
+        time.sleep(min(_PROPAGATION_PAUSE, deadline.remaining()))
+
+
+def _is_ready(metadata: ClusterMetadata, name: str) -> bool:
+    topic = metadata.topics.get(name)
+    return (
+        topic is not None
+        and topic.error is None
+        and bool(topic.partitions)
+        and all(partition.leader >= 0 for partition in topic.partitions.values())
+    )
+
+
+def _check_partitions(metadata: ClusterMetadata, names: TopicNames, bootstrap: str) -> None:
+    inputs = len(metadata.topics[names.inputs].partitions)
+    changelog = len(metadata.topics[names.changelog].partitions)
+    if changelog == inputs:
+        return
+    why = (
+        f"topic {names.changelog} has {changelog} partitions but {names.inputs} has {inputs}; they must "
+        f"match, because the store of inputs partition N is restored from changelog partition N."
+    )
+    if changelog < inputs:
+        fix = (
+            f"Grow the changelog to match: kafka-topics.sh --bootstrap-server {bootstrap} --alter "
+            f"--topic {names.changelog} --partitions {inputs}"
+        )
+    else:
+        fix = (
+            f"The changelog has more partitions than the inputs, which Kafka cannot shrink. Grow "
+            f"{names.inputs} to {changelog} partitions (kafka-topics.sh --bootstrap-server {bootstrap} "
+            f"--alter --topic {names.inputs} --partitions {changelog}; this moves some threads to other "
+            f"partitions, so do it only before any input was written), or use a fresh TORPOR_TOPIC_PREFIX."
+        )
+    raise TopicLayoutError(f"{why} {fix}")
+
+
+def _check_compaction(admin: AdminClient, names: TopicNames, deadline: Deadline, bootstrap: str) -> None:
+    compacted = [
+        topic for topic, layout in LAYOUTS.items() if layout.config.get("cleanup.policy") == "compact"
+    ]
+    resources = [ConfigResource(ResourceType.TOPIC, names.of(topic)) for topic in compacted]
+    timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
+    try:
+        futures = admin.describe_configs(resources, request_timeout=timeout)
+    except KafkaException as exc:
+        raise translate(exc, operation="describe_configs") from exc
+    for topic, resource in zip(compacted, resources, strict=True):
+        name = names.of(topic)
+        try:
+            entries = futures[resource].result(timeout=timeout + 1.0)
+        except concurrent.futures.TimeoutError:
+            raise BrokerUnreachableError(bootstrap, timeout, f"describing {name} got no answer") from None
+        except KafkaException as exc:
+            raise translate(exc, operation=f"describe configs of {name}") from exc
+        policy = entries["cleanup.policy"].value if "cleanup.policy" in entries else None
+        if policy != "compact":
+            raise TopicLayoutError(
+                f"topic {name} has cleanup.policy={policy!r} but must be 'compact': "
+                f"{_compaction_reason(topic)}. Fix: kafka-configs.sh --bootstrap-server {bootstrap} --alter "
+                f"--entity-type topics --entity-name {name} --add-config cleanup.policy=compact"
+            )
+
+
+def _compaction_reason(topic: Topic) -> str:
+    if topic is Topic.CHANGELOG:
+        return "it replicates the store, and deleting old segments would lose live rows"
+    return LAYOUTS[topic].why
