@@ -35,7 +35,7 @@ import functools
 import io
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Final, TypeVar
@@ -160,163 +160,94 @@ def _load_json(path: resources.abc.Traversable) -> dict[str, object]:
 
 @dataclass(frozen=True, slots=True)
 class Catalog:
-    """The schemas of this build.
+    """A set of schemas: the reader schemas of a build, and the writer schemas it can read.
 
-    `current` maps each record's short name (every record in the `.avsc` files, nested
-    ones included) to its current `KnownSchema`; `by_fingerprint` maps the fingerprint of
-    every schema this build can read as a writer schema (the current ones and the history
-    versions) to it.
+    `current` maps each record's short name (every record in the top-level schemas,
+    nested ones included) to its current `KnownSchema`: the schema records of the class
+    of that name are written with and read into. `by_fingerprint` maps the fingerprint of
+    every schema readable as a writer schema (the current ones, older versions, and any
+    newer ones rolled out to readers first) to it.
     """
 
     current: Mapping[str, KnownSchema]
     by_fingerprint: Mapping[bytes, KnownSchema]
 
+    @classmethod
+    def from_schemas(
+        cls, top_level: Iterable[dict[str, object]], writer_only: Iterable[dict[str, object]] = ()
+    ) -> Catalog:
+        """A catalog of self-contained `top_level` record schemas plus `writer_only` ones.
+
+        Each named record nested in a top-level schema gets a standalone schema of its own
+        (its definition with every record it uses inlined), so `canonical_bytes` works for
+        nested records too. Raises `ContractError` if a schema does not parse.
+        """
+        files = {str(schema["name"]): schema for schema in top_level}
+        defs: dict[str, dict[str, object]] = {}
+        for schema in files.values():
+            _collect_definitions(schema, defs)
+        current: dict[str, KnownSchema] = {}
+        for name, definition in defs.items():
+            if name in files:
+                schema = files[name]
+            else:
+                standalone = _standalone(definition, defs, set())
+                assert isinstance(standalone, dict)
+                schema = {**standalone, "namespace": NAMESPACE}
+            current[name] = make_known(schema)
+        return cls(current=current, by_fingerprint={k.fingerprint: k for k in current.values()}).with_writers(
+            writer_only
+        )
+
+    def with_writers(self, schemas: Iterable[dict[str, object]]) -> Catalog:
+        """This catalog, also able to read values written with `schemas` (self-contained).
+
+        In single-object encoding a reader can resolve only writer schemas it holds: roll
+        a new schema out to readers (here, or as a file under `schemas/history/`) before
+        any writer uses it. Raises `ContractError` if a schema does not parse.
+        """
+        by_fingerprint = dict(self.by_fingerprint)
+        for schema in schemas:
+            known = make_known(schema)
+            by_fingerprint.setdefault(known.fingerprint, known)
+        return Catalog(current=self.current, by_fingerprint=by_fingerprint)
+
+    def schema_for(self, cls: type) -> KnownSchema:
+        """The current schema of record class `cls`. Raises `ContractError` if there is none."""
+        try:
+            return self.current[cls.__name__]
+        except KeyError:
+            raise ContractError(f"no Avro schema named {cls.__name__!r} in this catalog") from None
+
 
 @functools.cache
-def catalog() -> Catalog:
-    """The catalog of the shipped schemas, loaded once. Raises `ContractError` if one is bad."""
+def shipped_catalog() -> Catalog:
+    """The shipped schemas (`schemas/*.avsc`, `schemas/history/*.avsc`), loaded once.
+
+    Raises `ContractError` if a shipped schema is bad (a broken build).
+    """
     root = resources.files("torpor.schemas")
-    files = {name: _load_json(root / f"{name}.avsc") for name in TOP_LEVEL}
-    defs: dict[str, dict[str, object]] = {}
-    for schema in files.values():
-        _collect_definitions(schema, defs)
-    current: dict[str, KnownSchema] = {}
-    for name, definition in defs.items():
-        if name in files:
-            schema = files[name]
-        else:
-            standalone = _standalone(definition, defs, set())
-            assert isinstance(standalone, dict)
-            schema = {**standalone, "namespace": NAMESPACE}
-        current[name] = make_known(schema)
-    by_fingerprint = {k.fingerprint: k for k in current.values()}
     history = root / HISTORY_DIR
-    if history.is_dir():
-        for path in sorted(history.iterdir(), key=lambda p: p.name):
-            if path.name.endswith(".avsc"):
-                known = make_known(_load_json(path))
-                by_fingerprint.setdefault(known.fingerprint, known)
-    return Catalog(current=current, by_fingerprint=by_fingerprint)
+    older = (
+        [_load_json(p) for p in sorted(history.iterdir(), key=lambda p: p.name) if p.name.endswith(".avsc")]
+        if history.is_dir()
+        else []
+    )
+    return Catalog.from_schemas([_load_json(root / f"{name}.avsc") for name in TOP_LEVEL], older)
 
 
 def schema_for(cls: type) -> KnownSchema:
-    """The current schema of record class `cls`. Raises `ContractError` if there is none."""
-    try:
-        return catalog().current[cls.__name__]
-    except KeyError:
-        raise ContractError(f"no Avro schema named {cls.__name__!r} in schemas/*.avsc") from None
+    """The shipped current schema of record class `cls`. Raises `ContractError` if none."""
+    return shipped_catalog().schema_for(cls)
 
 
-_WRITERS: dict[type, tuple[RecordPlan, KnownSchema, bytes]] = {}
+@dataclass(frozen=True, slots=True)
+class _ClassCodec:
+    """What encoding and decoding one record class needs, computed once per class."""
 
-
-def _writer(cls: type) -> tuple[RecordPlan, KnownSchema, bytes]:
-    """The plan, current schema and single-object header of `cls`, computed once per class."""
-    found = _WRITERS.get(cls)
-    if found is None:
-        known = schema_for(cls)
-        found = (plan_for(cls), known, framing.single_object_header(known.fingerprint))
-        # A race computes the same value twice; the later write is equal and harmless.
-        _WRITERS[cls] = found
-    return found
-
-
-def _write_body(record: object, out: io.BytesIO) -> KnownSchema:
-    plan, known, _ = _writer(type(record))
-    try:
-        fastavro.schemaless_writer(out, known.parsed, plan.to_avro(record))
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:
-        raise ContractError(f"{type(record).__name__} does not fit its schema: {exc}") from exc
-    return known
-
-
-def canonical_bytes(record: object) -> bytes:
-    """The schemaless Avro binary encoding of `record` under its current schema.
-
-    Deterministic: equal records give equal bytes. Raises `ContractError` if `record` is
-    not a record class of `records.py` or does not fit its schema.
-    """
-    out = io.BytesIO()
-    _write_body(record, out)
-    return out.getvalue()
-
-
-def encode_value(record: object) -> bytes:
-    """`record` in Avro single-object encoding: ``C3 01`` + fingerprint + body.
-
-    Raises `ContractError` as `canonical_bytes` does.
-    """
-    out = io.BytesIO()
-    out.write(_writer(type(record))[2])
-    _write_body(record, out)
-    return out.getvalue()
-
-
-def decode_body(
-    data: bytes,
-    start: int,
-    writer: KnownSchema,
-    cls: type[T],
-    *,
-    topic: str | None = None,
-    partition: int | None = None,
-    offset: int | None = None,
-) -> T:
-    """Read the Avro body at ``data[start:]`` written with `writer` as a record of `cls`.
-
-    The writer schema is resolved to the current schema of `cls`. Raises `DecodeError`
-    (naming topic, partition, offset) if the body is truncated, has trailing bytes, holds
-    an unknown union branch, or the writer schema does not resolve to the reader's.
-    """
-    plan, reader, _ = _writer(cls)
-    buf = io.BytesIO(data)
-    buf.seek(start)
-    try:
-        datum = fastavro.schemaless_reader(
-            buf,
-            writer.parsed,
-            None if writer.fingerprint == reader.fingerprint else reader.parsed,
-            return_record_name=True,
-            return_record_name_override=True,
-        )
-        if not isinstance(datum, dict):
-            raise ValueError(f"expected a record datum, got {type(datum).__name__}")
-        value = plan.from_avro(datum)
-    except Exception as exc:  # fastavro signals bad bytes with many unrelated types
-        cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise DecodeError(
-            f"{writer.name} body does not decode as {cls.__name__} ({cause})",
-            topic=topic,
-            partition=partition,
-            offset=offset,
-        ) from exc
-    if buf.tell() != len(data):
-        raise DecodeError(
-            f"{len(data) - buf.tell()} trailing bytes after the {writer.name} body (wrong writer schema?)",
-            topic=topic,
-            partition=partition,
-            offset=offset,
-        )
-    if not isinstance(value, cls):
-        raise DecodeError(f"decoded {type(value).__name__}, expected {cls.__name__}", topic=topic)
-    return value
-
-
-def decode_value(
-    data: bytes,
-    cls: type[T],
-    *,
-    topic: str | None = None,
-    partition: int | None = None,
-    offset: int | None = None,
-) -> T:
-    """Decode a single-object encoded value as a record of `cls` (the no-registry path).
-
-    Raises `DecodeError` naming `topic`, `partition` and `offset` for bad framing, a
-    fingerprint this build does not know, a Confluent-framed value (it needs a registry:
-    use `Codec`), or a body that does not decode (see `decode_body`).
-    """
-    return _NO_REGISTRY.decode(topic, data, cls, partition=partition, offset=offset)
+    plan: RecordPlan
+    schema: KnownSchema
+    single_object_header: bytes
 
 
 class Codec:
@@ -324,25 +255,60 @@ class Codec:
 
     `registry` None: write single-object encoding. A `SchemaRegistry`: write the
     Confluent wire format, registering each record's schema under ``<topic>-value``.
-    Either way `decode` reads both framings. Safe to share between threads: its caches
-    only grow, with idempotent entries.
+    Either way `decode` reads both framings. `catalog` (default: the shipped schemas)
+    gives the reader schemas and the writer schemas known without a registry. Safe to
+    share between threads: its caches only grow, with idempotent entries.
     """
 
-    __slots__ = ("_headers", "_registry", "_writers")
+    __slots__ = ("_catalog", "_classes", "_headers", "_registry", "_writers")
 
-    def __init__(self, registry: SchemaRegistry | None = None) -> None:
+    def __init__(self, registry: SchemaRegistry | None = None, catalog: Catalog | None = None) -> None:
         self._registry = registry
+        self._catalog = catalog if catalog is not None else shipped_catalog()
+        self._classes: dict[type, _ClassCodec] = {}
         self._headers: dict[tuple[str, type], bytes] = {}
         self._writers: dict[int, KnownSchema] = {}
 
     @classmethod
     def from_url(cls, url: str | None, conf: Mapping[str, str] | None = None) -> Codec:
-        """A codec for registry `url` (``http(s)://...`` or ``mock://...``), or none if None."""
+        """A codec for registry `url` (``http(s)://...`` or ``mock://...``), or none if None.
+
+        Raises `ConfigError` if the registry client rejects the URL or a setting.
+        """
         return cls(None if url is None else SchemaRegistry.from_url(url, conf))
 
     @property
     def registry(self) -> SchemaRegistry | None:
         return self._registry
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    def _class(self, cls: type) -> _ClassCodec:
+        found = self._classes.get(cls)
+        if found is None:
+            known = self._catalog.schema_for(cls)
+            found = _ClassCodec(plan_for(cls), known, framing.single_object_header(known.fingerprint))
+            # A race computes an equal value twice; keeping either is harmless.
+            self._classes[cls] = found
+        return found
+
+    def _write_body(self, record: object, out: io.BytesIO) -> None:
+        codec = self._class(type(record))
+        try:
+            fastavro.schemaless_writer(out, codec.schema.parsed, codec.plan.to_avro(record))
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+            raise ContractError(f"{type(record).__name__} does not fit its schema: {exc}") from exc
+
+    def canonical_bytes(self, record: object) -> bytes:
+        """The schemaless Avro encoding of `record` under its current schema (no framing).
+
+        Raises `ContractError` if `record` has no schema or does not fit it.
+        """
+        out = io.BytesIO()
+        self._write_body(record, out)
+        return out.getvalue()
 
     def encode(self, topic: str, record: object) -> bytes:
         """`record` framed for `topic`: Confluent wire format with a registry, else single-object.
@@ -350,18 +316,18 @@ class Codec:
         Raises `ContractError` if the record does not fit its schema or the registry
         refuses the schema, and `RetriableError` if the registry cannot be reached.
         """
-        if self._registry is None:
-            return encode_value(record)
-        key = (topic, type(record))
-        header = self._headers.get(key)
-        if header is None:
-            known = schema_for(type(record))
-            schema_id = self._registry.register(f"{topic}-value", known.text)
-            header = framing.confluent_header(schema_id)
-            self._headers[key] = header
         out = io.BytesIO()
-        out.write(header)
-        _write_body(record, out)
+        if self._registry is None:
+            out.write(self._class(type(record)).single_object_header)
+        else:
+            key = (topic, type(record))
+            header = self._headers.get(key)
+            if header is None:
+                known = self._class(type(record)).schema
+                header = framing.confluent_header(self._registry.register(f"{topic}-value", known.text))
+                self._headers[key] = header
+            out.write(header)
+        self._write_body(record, out)
         return out.getvalue()
 
     def decode(
@@ -374,34 +340,87 @@ class Codec:
     ) -> T:
         """Decode `data` from `topic` as a record of `cls`, in either framing.
 
-        Raises `DecodeError` naming `topic`, `partition` and `offset` for bad framing,
-        an unknown fingerprint or schema id, or a body that does not decode. Raises
-        `RetriableError` if the registry cannot be reached to look a schema id up.
+        The writer schema (by fingerprint from the catalog, or by id from the registry)
+        is resolved to the current schema of `cls`. Raises `DecodeError` naming `topic`,
+        `partition` and `offset` for bad framing, an unknown fingerprint or schema id, a
+        Confluent-framed value without a registry, or a body that does not decode
+        (truncated, trailing bytes, an unknown union branch, an unresolvable writer
+        schema). Raises `RetriableError` if the registry cannot be reached.
         """
         frame = framing.unframe(data, topic=topic, partition=partition, offset=offset)
         if isinstance(frame, framing.SingleObjectFrame):
-            writer = catalog().by_fingerprint.get(frame.fingerprint)
+            writer = self._catalog.by_fingerprint.get(frame.fingerprint)
             if writer is None:
                 raise DecodeError(
                     f"unknown schema fingerprint {frame.fingerprint.hex()} "
-                    "(written with a schema this build does not ship)",
+                    "(written with a schema this reader does not hold)",
                     topic=topic,
                     partition=partition,
                     offset=offset,
                 )
         else:
-            if self._registry is None:
-                raise DecodeError(
-                    f"Confluent-framed value (schema id {frame.schema_id}) but no schema registry "
-                    "is configured",
-                    topic=topic,
-                    partition=partition,
-                    offset=offset,
-                )
             writer = self._registry_writer(frame.schema_id, topic, partition, offset)
-        return decode_body(
+        return self.decode_body(
             data, frame.body_offset, writer, cls, topic=topic, partition=partition, offset=offset
         )
+
+    def decode_body(
+        self,
+        data: bytes,
+        start: int,
+        writer: KnownSchema,
+        cls: type[T],
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> T:
+        """Read the unframed Avro body at ``data[start:]``, written with `writer`, as `cls`.
+
+        Raises `DecodeError` (naming topic, partition, offset) if the body is truncated,
+        has trailing bytes, holds a union branch the reader does not know, or `writer`
+        does not resolve to the reader schema of `cls`.
+        """
+        codec = self._class(cls)
+        reader = codec.schema
+        buf = io.BytesIO(data)
+        buf.seek(start)
+        try:
+            datum = fastavro.schemaless_reader(
+                buf,
+                writer.parsed,
+                # Same schema: skip resolution, the common and fast case.
+                None if writer.fingerprint == reader.fingerprint else reader.parsed,
+                return_record_name=True,
+                return_record_name_override=True,
+            )
+            if not isinstance(datum, dict):
+                raise ValueError(f"expected a record datum, got {type(datum).__name__}")
+            value = codec.plan.from_avro(datum)
+        except Exception as exc:  # fastavro signals bad bytes with many unrelated types
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise DecodeError(
+                f"{writer.name} body does not decode as {cls.__name__} ({cause})",
+                topic=topic,
+                partition=partition,
+                offset=offset,
+            ) from exc
+        if buf.tell() != len(data):
+            raise DecodeError(
+                f"{len(data) - buf.tell()} trailing bytes after the {writer.name} body "
+                "(wrong writer schema?)",
+                topic=topic,
+                partition=partition,
+                offset=offset,
+            )
+        if not isinstance(value, cls):
+            raise DecodeError(
+                f"decoded {type(value).__name__}, expected {cls.__name__}",
+                topic=topic,
+                partition=partition,
+                offset=offset,
+            )
+        return value
 
     def _registry_writer(
         self, schema_id: int, topic: str | None, partition: int | None, offset: int | None
@@ -409,11 +428,17 @@ class Codec:
         writer = self._writers.get(schema_id)
         if writer is not None:
             return writer
-        assert self._registry is not None
+        if self._registry is None:
+            raise DecodeError(
+                f"Confluent-framed value (schema id {schema_id}) but no schema registry is configured",
+                topic=topic,
+                partition=partition,
+                offset=offset,
+            )
         text = self._registry.schema_text(schema_id)
         if text is None:
             raise DecodeError(
-                f"unknown schema id {schema_id} in the registry",
+                f"unknown schema id {schema_id} in the registry {self._registry.url}",
                 topic=topic,
                 partition=partition,
                 offset=offset,
@@ -430,10 +455,48 @@ class Codec:
                 partition=partition,
                 offset=offset,
             ) from exc
-        # Prefer the catalog's twin: same fingerprint, and it skips schema resolution.
-        writer = catalog().by_fingerprint.get(writer.fingerprint, writer)
+        # Prefer the catalog's twin (same fingerprint): one parsed copy per schema.
+        writer = self._catalog.by_fingerprint.get(writer.fingerprint, writer)
         self._writers[schema_id] = writer
         return writer
 
 
-_NO_REGISTRY: Final = Codec(None)
+@functools.cache
+def default_codec() -> Codec:
+    """The process-wide codec without a registry, over the shipped schemas."""
+    return Codec(None)
+
+
+def canonical_bytes(record: object) -> bytes:
+    """The schemaless Avro binary encoding of `record` under its current schema.
+
+    Deterministic: equal records give equal bytes; this is what the history hash chain
+    and signatures cover. Raises `ContractError` if `record` is not a record class of
+    `records.py` or does not fit its schema.
+    """
+    return default_codec().canonical_bytes(record)
+
+
+def encode_value(record: object) -> bytes:
+    """`record` in Avro single-object encoding: ``C3 01`` + fingerprint + body.
+
+    Raises `ContractError` as `canonical_bytes` does.
+    """
+    return default_codec().encode("", record)
+
+
+def decode_value(
+    data: bytes,
+    cls: type[T],
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> T:
+    """Decode a single-object encoded value as a record of `cls` (the no-registry path).
+
+    Raises `DecodeError` naming `topic`, `partition` and `offset` for bad framing, a
+    fingerprint this build does not know, a Confluent-framed value (it needs a registry:
+    use `Codec`), or a body that does not decode.
+    """
+    return default_codec().decode(topic, data, cls, partition=partition, offset=offset)
