@@ -27,8 +27,10 @@ Errors, by what the operator must do::
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +55,8 @@ HOST: Final = "127.0.0.1"
 STATE_FILE: Final = "broker.json"
 LOG_FILE: Final = "broker.log"
 WARMUP_TOPIC: Final = "torpor.broker-warmup"
+# Maven colours its messages even in batch mode.
+ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;]*m")
 # librdkafka logs every refused connection while the broker boots; only critical ones matter here.
 QUIET_CLIENT: Final[dict[str, str | int | float | bool]] = {"log_level": 2}
 # librdkafka can overrun a transaction call's own timeout, so each call is also bounded here.
@@ -226,6 +230,7 @@ def _require_tool(name: str, package: str) -> str:
 def resolve_kafka(kafka_version: str, cache_dir: Path, say: Callable[[str], None]) -> Path:
     """Return the folder of jars for `kafka_version`, fetching them with Maven the first time.
 
+    Safe to call from several processes at once: the first fetches, the others wait for it.
     Raises ToolMissingError without `mvn`, KafkaResolveError when Maven fails.
     """
     libs = cache_dir / "libs"
@@ -234,27 +239,38 @@ def resolve_kafka(kafka_version: str, cache_dir: Path, say: Callable[[str], None
         return libs
     mvn = _require_tool("mvn", "maven")
     cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / "pom.xml").write_text(
-        POM_TEMPLATE.format(kafka_version=kafka_version, log4j_version=LOG4J_VERSION)
-    )
-    staging = cache_dir / "libs.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    say(f"fetching Kafka {kafka_version} from Maven Central into {cache_dir} (once)")
-    result = subprocess.run(
-        [mvn, "-B", "-q", "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
-         "-DincludeScope=runtime"],
-        cwd=cache_dir, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        tail = _last_lines(result.stdout + result.stderr, 5) or "(no output)"
-        raise KafkaResolveError(
-            f"Maven could not fetch org.apache.kafka:kafka_2.13:{kafka_version}; check access to "
-            f"Maven Central and the version. Maven said: {tail}"
+    with (cache_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists() and libs.is_dir():
+            return libs  # another process fetched it while this one waited
+        (cache_dir / "pom.xml").write_text(
+            POM_TEMPLATE.format(kafka_version=kafka_version, log4j_version=LOG4J_VERSION)
         )
-    shutil.rmtree(libs, ignore_errors=True)
-    staging.rename(libs)
-    marker.write_text(kafka_version + "\n")
+        staging = cache_dir / "libs.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        say(f"fetching Kafka {kafka_version} from Maven Central into {cache_dir} (once)")
+        result = subprocess.run(
+            [mvn, "-B", "-q", "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
+             "-DincludeScope=runtime"],
+            cwd=cache_dir, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise KafkaResolveError(
+                f"Maven could not fetch org.apache.kafka:kafka_2.13:{kafka_version}: check access to "
+                f"Maven Central and that the version exists. Maven said: {_maven_cause(result.stdout)}"
+            )
+        shutil.rmtree(libs, ignore_errors=True)
+        staging.rename(libs)
+        marker.write_text(kafka_version + "\n")
     return libs
+
+
+def _maven_cause(output: str) -> str:
+    """The first specific [ERROR] line; Maven ends every failure with the same generic advice."""
+    lines = ANSI_ESCAPE.sub("", output).splitlines()
+    errors = [line[len("[ERROR]") :].strip() for line in lines if line.startswith("[ERROR]")]
+    specific = [line for line in errors if line]
+    return specific[0][:500] if specific else _last_lines(output, 3) or "(no output)"
 
 
 def _java_command(java: str, heap: str, log4j: Path, libs: Path) -> list[str]:
