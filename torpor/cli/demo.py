@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Final
 
 import click
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from torpor.cli.settings import read_settings, settings_options
 from torpor.schemas.codec import Codec
@@ -111,15 +111,22 @@ def demo(config_file: Path | None, bootstrap: str | None) -> None:
         producer = make_producer(settings, transactional_id=f"torpor-demo-{thread_id}")
         producer.init_transactions(30.0)
         delivered: list[tuple[int, int]] = []
+
+        def on_delivery(error: object, message: Message) -> None:
+            if error is None:
+                delivered.append((message.partition() or 0, message.offset() or 0))
+
         producer.begin_transaction()
         for record in (create, hello):
             producer.produce(
                 inputs,
                 key=thread_id.encode(),
                 value=codec.encode(inputs, record),
-                on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())),
+                on_delivery=on_delivery,
             )
         producer.commit_transaction(30.0)
+        if len(delivered) != 2:
+            raise click.ClickException(f"the broker acknowledged {len(delivered)} of 2 records")
 
         consumer = make_consumer(settings, group_id=f"torpor-demo-{thread_id}")
         partitions = len(consumer.list_topics(inputs, timeout=10.0).topics[inputs].partitions)
