@@ -80,13 +80,19 @@ def ensure_topics(admin: AdminClient, settings: Settings, deadline: Deadline) ->
     """
     bootstrap = settings.kafka.bootstrap_servers
     names = TopicNames.for_prefix(settings.topics.prefix)
+    # 1. inputs first: an existing inputs topic, even one another instance created a moment
+    #    ago, decides the partition count of every topic that follows it.
     metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
-    inputs = metadata.topics.get(names.inputs)
-    # An existing inputs topic decides the count for the topics that follow it.
-    inputs_partitions = len(inputs.partitions) if inputs is not None and inputs.error is None else None
-    specs = topic_specs(settings.topics, inputs_partitions=inputs_partitions)
+    created: tuple[str, ...] = ()
+    if names.inputs not in metadata.topics:
+        fresh = topic_specs(settings.topics)
+        created = _create(admin, [spec for spec in fresh if spec.topic is Topic.INPUTS], deadline, bootstrap)
+    metadata = _await_metadata(admin, [names.inputs], deadline, bootstrap)
+    # 2. the rest, shaped by the inputs as the broker has them.
+    specs = topic_specs(settings.topics, inputs_partitions=len(metadata.topics[names.inputs].partitions))
     missing = [spec for spec in specs if spec.name not in metadata.topics]
-    created = _create(admin, missing, deadline, bootstrap)
+    created += _create(admin, missing, deadline, bootstrap)
+    # 3. wait until the metadata shows them all, then check the invariants.
     metadata = _await_metadata(admin, [spec.name for spec in specs], deadline, bootstrap)
     _check_partitions(metadata, names, bootstrap)
     _check_compaction(admin, names, deadline, bootstrap)

@@ -1,0 +1,225 @@
+"""streams/topics.py and streams/admin.py: the topic table, and ensure_topics on a real broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.cimpl import NewTopic
+
+from torpor.schemas.errors import ConfigError
+from torpor.streams.admin import ensure_topics
+from torpor.streams.config import KafkaSettings, Settings, TopicSettings
+from torpor.streams.deadline import Deadline
+from torpor.streams.errors import TopicLayoutError
+from torpor.streams.topics import LAYOUTS, Topic, TopicNames, topic_specs
+
+FOREVER = "-1"
+
+
+# --- the table --------------------------------------------------------------------------
+
+
+def test_names_are_the_prefix_and_the_topic() -> None:
+    names = TopicNames.for_prefix("acme.")
+
+    assert names.all() == (
+        "acme.inputs",
+        "acme.outbox",
+        "acme.events",
+        "acme.receipts",
+        "acme.changelog",
+        "acme.parked",
+        "acme.toolsets",
+    )
+    assert names.of(Topic.CHANGELOG) == names.changelog == "acme.changelog"
+
+
+def test_the_table_covers_every_topic_and_sets_every_retention_explicitly() -> None:
+    assert set(LAYOUTS) == set(Topic)
+    for topic, layout in LAYOUTS.items():
+        policy = layout.config["cleanup.policy"]
+        assert policy in ("delete", "compact"), topic
+        if policy == "delete":
+            # Never the broker's default: each topic says how long it keeps records, and why.
+            assert "retention.ms" in layout.config, topic
+        assert layout.why, topic
+
+
+def test_the_specs_follow_the_design() -> None:
+    specs = {spec.topic: spec for spec in topic_specs(TopicSettings(partitions=4, replication_factor=1))}
+
+    assert dict(specs[Topic.INPUTS].config) == {
+        "cleanup.policy": "delete",
+        "retention.ms": FOREVER,
+        "retention.bytes": "-1",
+    }
+    assert specs[Topic.RECEIPTS].config["retention.ms"] == FOREVER
+    assert specs[Topic.CHANGELOG].config == {"cleanup.policy": "compact"}
+    assert specs[Topic.CHANGELOG].partitions == specs[Topic.INPUTS].partitions == 4
+    assert specs[Topic.TOOLSETS].config == {"cleanup.policy": "compact"}
+    assert specs[Topic.TOOLSETS].partitions == 1
+    for topic in (Topic.OUTBOX, Topic.EVENTS, Topic.PARKED):
+        assert specs[topic].config["cleanup.policy"] == "delete"
+        assert int(specs[topic].config["retention.ms"]) > 0
+
+
+def test_an_existing_inputs_topic_decides_the_partitions_of_the_topics_that_follow_it() -> None:
+    specs = {spec.topic: spec for spec in topic_specs(TopicSettings(partitions=6), inputs_partitions=12)}
+
+    assert specs[Topic.CHANGELOG].partitions == 12
+    assert specs[Topic.OUTBOX].partitions == 12
+    assert specs[Topic.TOOLSETS].partitions == 1
+
+
+# --- ensure_topics against a real broker ------------------------------------------------
+
+
+@pytest.fixture
+def prefix(admin: AdminClient) -> Iterator[str]:
+    """A topic prefix unique to the test; every topic under it is deleted afterwards."""
+    unique = f"test.topics.{uuid.uuid4().hex[:8]}."
+    yield unique
+    ours = [name for name in admin.list_topics(timeout=10).topics if name.startswith(unique)]
+    if ours:
+        for future in admin.delete_topics(ours, operation_timeout=30).values():
+            future.result(timeout=60)
+
+
+def settings_for(
+    bootstrap: str, prefix: str, *, partitions: int = 3, replication_factor: int = 1
+) -> Settings:
+    return Settings(
+        kafka=KafkaSettings(bootstrap_servers=bootstrap),
+        topics=TopicSettings(prefix=prefix, partitions=partitions, replication_factor=replication_factor),
+    )
+
+
+def describe(admin: AdminClient, name: str) -> dict[str, str]:
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    entries = admin.describe_configs([resource], request_timeout=10)[resource].result(timeout=15)
+    return {key: entry.value for key, entry in entries.items()}
+
+
+def partitions_of(admin: AdminClient, name: str) -> int:
+    return len(admin.list_topics(topic=name, timeout=10).topics[name].partitions)
+
+
+def create(admin: AdminClient, name: str, partitions: int, config: dict[str, str]) -> None:
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
+    admin.create_topics([topic], operation_timeout=15)[name].result(timeout=30)
+
+
+@pytest.mark.kafka
+def test_ensure_topics_creates_every_topic_with_its_config(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    settings = settings_for(kafka_bootstrap, prefix, partitions=3)
+    names = TopicNames.for_prefix(prefix)
+
+    ensured = ensure_topics(admin, settings, Deadline.after(30))
+
+    assert ensured.created == names.all()
+    assert ensured.existing == ()
+    assert ensured.partitions == 3
+    inputs = describe(admin, names.inputs)
+    assert (inputs["cleanup.policy"], inputs["retention.ms"]) == ("delete", FOREVER)
+    assert describe(admin, names.receipts)["retention.ms"] == FOREVER
+    assert describe(admin, names.changelog)["cleanup.policy"] == "compact"
+    assert describe(admin, names.toolsets)["cleanup.policy"] == "compact"
+    assert describe(admin, names.outbox)["retention.ms"] == LAYOUTS[Topic.OUTBOX].config["retention.ms"]
+    assert describe(admin, names.events)["retention.ms"] == LAYOUTS[Topic.EVENTS].config["retention.ms"]
+    assert describe(admin, names.parked)["retention.ms"] == LAYOUTS[Topic.PARKED].config["retention.ms"]
+    for name in names.all():
+        assert partitions_of(admin, name) == (1 if name == names.toolsets else 3), name
+
+
+@pytest.mark.kafka
+def test_ensure_topics_twice_creates_nothing_the_second_time(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    settings = settings_for(kafka_bootstrap, prefix)
+    names = TopicNames.for_prefix(prefix)
+    ensure_topics(admin, settings, Deadline.after(30))
+    before = {name: describe(admin, name) for name in names.all()}
+
+    again = ensure_topics(admin, settings, Deadline.after(30))
+
+    assert again.created == ()
+    assert again.existing == names.all()
+    assert {name: describe(admin, name) for name in names.all()} == before
+
+
+@pytest.mark.kafka
+def test_ensure_topics_creates_only_what_is_missing_and_follows_the_existing_inputs(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    names = TopicNames.for_prefix(prefix)
+    create(admin, names.inputs, 4, {"cleanup.policy": "delete", "retention.ms": FOREVER})
+
+    # The setting says 2, but the inputs already have 4: the changelog must follow the broker.
+    ensured = ensure_topics(admin, settings_for(kafka_bootstrap, prefix, partitions=2), Deadline.after(30))
+
+    assert ensured.existing == (names.inputs,)
+    assert names.changelog in ensured.created
+    assert ensured.partitions == 4
+    assert partitions_of(admin, names.changelog) == 4
+
+
+@pytest.mark.kafka
+def test_a_changelog_with_fewer_partitions_than_inputs_is_refused_with_the_fix(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    names = TopicNames.for_prefix(prefix)
+    create(admin, names.inputs, 3, {})
+    create(admin, names.changelog, 2, {"cleanup.policy": "compact"})
+
+    with pytest.raises(TopicLayoutError) as caught:
+        ensure_topics(admin, settings_for(kafka_bootstrap, prefix, partitions=3), Deadline.after(30))
+
+    message = str(caught.value)
+    assert f"{names.changelog} has 2 partitions but {names.inputs} has 3" in message
+    assert f"--alter --topic {names.changelog} --partitions 3" in message
+    assert isinstance(caught.value, ConfigError)
+
+
+@pytest.mark.kafka
+def test_a_changelog_with_more_partitions_than_inputs_is_refused(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    names = TopicNames.for_prefix(prefix)
+    create(admin, names.inputs, 2, {})
+    create(admin, names.changelog, 3, {"cleanup.policy": "compact"})
+
+    with pytest.raises(TopicLayoutError, match="cannot shrink"):
+        ensure_topics(admin, settings_for(kafka_bootstrap, prefix, partitions=2), Deadline.after(30))
+
+
+@pytest.mark.kafka
+def test_a_changelog_that_is_not_compacted_is_refused_with_the_fix(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    names = TopicNames.for_prefix(prefix)
+    create(admin, names.changelog, 3, {"cleanup.policy": "delete"})
+
+    with pytest.raises(TopicLayoutError) as caught:
+        ensure_topics(admin, settings_for(kafka_bootstrap, prefix, partitions=3), Deadline.after(30))
+
+    message = str(caught.value)
+    assert f"topic {names.changelog} has cleanup.policy='delete' but must be 'compact'" in message
+    assert f"--entity-name {names.changelog} --add-config cleanup.policy=compact" in message
+
+
+@pytest.mark.kafka
+def test_a_replication_factor_above_the_broker_count_is_a_config_error(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    brokers = len(admin.list_topics(timeout=10).brokers)
+    settings = settings_for(kafka_bootstrap, prefix, replication_factor=brokers + 1)
+
+    with pytest.raises(ConfigError, match="TORPOR_REPLICATION_FACTOR"):
+        ensure_topics(admin, settings, Deadline.after(30))
