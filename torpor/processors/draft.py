@@ -1,0 +1,142 @@
+"""The transition being drafted while one input is folded (local to one `fold` call).
+
+A `Draft` collects the new state and the ordered effects for one input. It is mutable
+only inside a single `fold` call and never escapes it, so the fold stays a pure
+function: same state, input and facts in, same transition out. It builds effects and
+history entries (advancing the hash chain) but never assigns `ThreadState.status`:
+that is `fold.py`'s alone.
+
+Ids: every id minted here derives from the message id of the input being folded
+(`current`, which differs from `origin` only while a deferred input is released) plus a
+label and a counter, so a replay mints the same ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from torpor.processors.effects import (
+    AppendHistory,
+    DispatchTool,
+    Effect,
+    EmitEvent,
+    Loopback,
+    RequestCompletion,
+    SpawnChild,
+)
+from torpor.processors.history import advance
+from torpor.schemas.ids import derive_id
+from torpor.processors.state import Facts, ThreadState
+from torpor.schemas.records import (
+    ContentBlock,
+    Dispatch,
+    HistoryBody,
+    HistoryEntry,
+    Input,
+    InputBody,
+    TextBlock,
+    ThreadConfig,
+    ThreadEvent,
+)
+
+PROCESSOR_SOURCE = "processor"
+
+
+def json_text(value: object) -> str:
+    """Deterministic JSON text (sorted keys, no spaces) for dispatch arguments and event data."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def text(value: str) -> tuple[ContentBlock, ...]:
+    return (TextBlock(value),)
+
+
+@dataclass(slots=True)
+class Draft:
+    """One input's transition in the making. See the module docstring."""
+
+    state: ThreadState
+    origin: Input
+    facts: Facts
+    current: Input
+    effects: list[Effect] = field(default_factory=list)
+    tool_request_ids: list[str] = field(default_factory=list)
+    turn_commit: bool = False
+    released: bool = False
+    deleted: bool = False
+    reason: str | None = None
+    _counter: int = 0
+
+    @property
+    def now(self) -> int:
+        return self.current.created_at
+
+    def new_id(self, *parts: str) -> str:
+        """A fresh id for this transition, derived from the current input's message id."""
+        self._counter += 1
+        return derive_id(self.current.message_id, *parts, str(self._counter))
+
+    def stable_id(self, *parts: str) -> str:
+        """An id derived from the current input and `parts` only (no counter)."""
+        return derive_id(self.current.message_id, *parts)
+
+    def replace(self, **changes: object) -> ThreadState:
+        self.state = dataclasses.replace(self.state, **changes)  # type: ignore[arg-type]
+        return self.state
+
+    # --- history ----------------------------------------------------------------------
+
+    def append(self, body: HistoryBody, input_id: str | None = None) -> HistoryEntry:
+        """Append one history entry, advancing the hash chain, and narrate it."""
+        entry = HistoryEntry(seq=self.state.history_len, created_at=self.now,
+                             input_id=input_id or self.current.message_id, body=body)
+        self.replace(history_len=self.state.history_len + 1, head=advance(self.state.head, entry))
+        self.effects.append(AppendHistory(entry))
+        return entry
+
+    # --- effects ----------------------------------------------------------------------
+
+    def emit(self, kind: str, entry: HistoryEntry | None = None, detail: str | None = None,
+             data: object = None) -> None:
+        event = ThreadEvent(event_id=self.new_id("event", kind), thread_id=self.state.thread_id,
+                            created_at=self.now, kind=kind, ephemeral=False,
+                            seq=entry.seq if entry is not None else None, entry=entry, text=detail,
+                            data=json_text(data) if data is not None else None)
+        self.effects.append(EmitEvent(event))
+
+    def dispatch(self, call_id: str, tool: str, arguments: str, kind: str, request_id: str,
+                 deadline: int | None = None) -> Dispatch:
+        record = Dispatch(request_id=request_id, thread_id=self.state.thread_id, call_id=call_id,
+                          tool=tool, arguments=arguments, capability=self.state.config.capability,
+                          attempt=self.facts.attempt, created_at=self.now, deadline=deadline, kind=kind)
+        self.effects.append(DispatchTool(record))
+        self.tool_request_ids.append(request_id)
+        return record
+
+    def cancel(self, call_id: str, tool: str) -> None:
+        """Dispatch a best-effort `cancel` of call `call_id` to `tool`'s connector."""
+        self.dispatch(call_id, tool, "{}", "cancel", self.stable_id("cancel", call_id))
+
+    def loopback(self, thread_id: str, body: InputBody, *label: str) -> None:
+        """Send `body` to thread `thread_id` through the inputs topic (children and parents)."""
+        record = Input(message_id=self.stable_id("loopback", thread_id, *label), thread_id=thread_id,
+                       created_at=self.now, source=PROCESSOR_SOURCE, expires_at=None, key_id=None,
+                       signature=None, body=body)
+        self.effects.append(Loopback(record))
+
+    def spawn(self, child_thread_id: str, config: ThreadConfig, up_to_seq: int,
+              initial: tuple[ContentBlock, ...]) -> None:
+        self.effects.append(SpawnChild(message_id=self.stable_id("spawn", child_thread_id),
+                                       child_thread_id=child_thread_id, created_at=self.now,
+                                       config=config, from_seq=0, up_to_seq=up_to_seq, initial=initial))
+
+    def request_completion(self) -> str:
+        request_id = self.new_id("completion")
+        self.replace(pending_request=request_id, pending_request_len=self.state.history_len)
+        self.effects.append(RequestCompletion(request_id=request_id, thread_id=self.state.thread_id,
+                                              model=self.state.model, history_len=self.state.history_len,
+                                              created_at=self.now))
+        self.emit("completion_requested", data={"request_id": request_id, "model": self.state.model})
+        return request_id
