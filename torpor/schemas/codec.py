@@ -398,9 +398,8 @@ class Codec:
                 raise ValueError(f"expected a record datum, got {type(datum).__name__}")
             value = codec.plan.from_avro(datum)
         except Exception as exc:  # fastavro signals bad bytes with many unrelated types
-            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise DecodeError(
-                f"{writer.name} body does not decode as {cls.__name__} ({cause})",
+                f"{writer.name} body does not decode as {cls.__name__} ({_describe(exc)})",
                 topic=topic,
                 partition=partition,
                 offset=offset,
@@ -459,6 +458,21 @@ class Codec:
         writer = self._catalog.by_fingerprint.get(writer.fingerprint, writer)
         self._writers[schema_id] = writer
         return writer
+
+
+_MAX_CAUSE: Final = 240
+
+
+def _describe(exc: Exception) -> str:
+    """A short cause for a DecodeError; fastavro's messages can quote whole schemas."""
+    if type(exc).__name__ == "SchemaResolutionError":
+        kind = "writer schema does not resolve to the reader schema (a union branch or type the reader lacks)"
+    else:
+        kind = type(exc).__name__
+    text = str(exc)
+    if len(text) > _MAX_CAUSE:
+        text = text[:_MAX_CAUSE] + "..."
+    return f"{kind}: {text}" if text else kind
 
 
 @functools.cache
