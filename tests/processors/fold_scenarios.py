@@ -56,28 +56,50 @@ OBJECT_SCHEMA = json.dumps({"type": "object"})
 
 
 def tool(name: str, parameters: str = OBJECT_SCHEMA, passive: bool = False) -> ToolSpec:
-    return ToolSpec(name=name, description=f"the {name} tool", parameters=parameters, result_schema=None,
-                    passive=passive, toolset="test")
+    return ToolSpec(
+        name=name,
+        description=f"the {name} tool",
+        parameters=parameters,
+        result_schema=None,
+        passive=passive,
+        toolset="test",
+    )
 
 
-SEARCH = tool("search", json.dumps({"type": "object", "properties": {"q": {"type": "string"}},
-                                    "required": ["q"]}))
+SEARCH = tool(
+    "search", json.dumps({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
+)
 WATCH = tool("watch")
 FETCH = tool("fetch")
 SECRET = tool("secret")  # defined but outside the default capability
 
 
-def config(tools: tuple[ToolSpec, ...] = (SEARCH, WATCH, FETCH, SECRET), max_invalid_calls: int = 3,
-           context_window: int = 100_000, allow_implicit_create: bool = True,
-           granted: tuple[str, ...] = ("search", "watch", "fetch"), max_turns: int | None = None,
-           max_children: int | None = None, expires_at: int | None = None) -> ThreadConfig:
-    return ThreadConfig(model="scripted", system_prompt="You are a test agent.", tools=tools,
-                        capability=Capability(tenant="acme", tools=granted, scopes=("read",),
-                                              expires_at=expires_at),
-                        budgets=Budgets(max_turns=max_turns, max_children=max_children, max_tool_retries=2,
-                                        max_invalid_calls=max_invalid_calls),
-                        parent=None, context_window=context_window, compaction_threshold=0.75,
-                        allow_implicit_create=allow_implicit_create)
+def config(
+    tools: tuple[ToolSpec, ...] = (SEARCH, WATCH, FETCH, SECRET),
+    max_invalid_calls: int = 3,
+    context_window: int = 100_000,
+    allow_implicit_create: bool = True,
+    granted: tuple[str, ...] = ("search", "watch", "fetch"),
+    max_turns: int | None = None,
+    max_children: int | None = None,
+    expires_at: int | None = None,
+) -> ThreadConfig:
+    return ThreadConfig(
+        model="scripted",
+        system_prompt="You are a test agent.",
+        tools=tools,
+        capability=Capability(tenant="acme", tools=granted, scopes=("read",), expires_at=expires_at),
+        budgets=Budgets(
+            max_turns=max_turns,
+            max_children=max_children,
+            max_tool_retries=2,
+            max_invalid_calls=max_invalid_calls,
+        ),
+        parent=None,
+        context_window=context_window,
+        compaction_threshold=0.75,
+        allow_implicit_create=allow_implicit_create,
+    )
 
 
 def call(call_id: str, name: str, arguments: object = None) -> ToolCall:
@@ -89,27 +111,53 @@ def usage(total: int = 100) -> Usage:
     return Usage(input_tokens=total // 2, output_tokens=total - total // 2, total_tokens=total)
 
 
-def completion(request_id: str, reply: str = "", calls: tuple[ToolCall, ...] = (), total_tokens: int = 100,
-               error: CompletionError | None = None) -> Completion:
+def completion(
+    request_id: str,
+    reply: str = "",
+    calls: tuple[ToolCall, ...] = (),
+    total_tokens: int = 100,
+    error: CompletionError | None = None,
+) -> Completion:
     content = (TextBlock(reply),) if reply else ()
-    return Completion(request_id=request_id, content=content, tool_calls=calls, usage=usage(total_tokens),
-                      model="scripted", error=error)
+    return Completion(
+        request_id=request_id,
+        content=content,
+        tool_calls=calls,
+        usage=usage(total_tokens),
+        model="scripted",
+        error=error,
+    )
 
 
-def result(call_id: str, request_id: str, reply: str = "ok", ok: bool = True,
-           subscription: bool = False) -> ToolResult:
-    return ToolResult(call_id=call_id, request_id=request_id, ok=ok, content=(TextBlock(reply),),
-                      subscription=subscription)
+def result(
+    call_id: str, request_id: str, reply: str = "ok", ok: bool = True, subscription: bool = False
+) -> ToolResult:
+    return ToolResult(
+        call_id=call_id, request_id=request_id, ok=ok, content=(TextBlock(reply),), subscription=subscription
+    )
 
 
-def event(call_id: str, request_id: str, sequence: int, payload: str = "tick", associative: bool = False,
-          final: bool = False) -> ToolEvent:
-    return ToolEvent(call_id=call_id, request_id=request_id, sequence=sequence, associative=associative,
-                     final=final, content=(TextBlock(payload),))
+def event(
+    call_id: str,
+    request_id: str,
+    sequence: int,
+    payload: str = "tick",
+    associative: bool = False,
+    final: bool = False,
+) -> ToolEvent:
+    return ToolEvent(
+        call_id=call_id,
+        request_id=request_id,
+        sequence=sequence,
+        associative=associative,
+        final=final,
+        content=(TextBlock(payload),),
+    )
 
 
-def control(command: str, call_id: str | None = None, model: str | None = None,
-            reason: str | None = None) -> Control:
+def control(
+    command: str, call_id: str | None = None, model: str | None = None, reason: str | None = None
+) -> Control:
     return Control(command=command, call_id=call_id, model=model, reason=reason)
 
 
@@ -118,8 +166,9 @@ def user(message: str) -> UserMessage:
 
 
 def create(cfg: ThreadConfig | None = None, initial: str | None = "hello") -> CreateThread:
-    return CreateThread(config=cfg or config(), inherited=(),
-                        initial=(TextBlock(initial),) if initial else ())
+    return CreateThread(
+        config=cfg or config(), inherited=(), initial=(TextBlock(initial),) if initial else ()
+    )
 
 
 def visible(history: list[HistoryEntry], up_to: int) -> tuple[HistoryEntry, ...]:
@@ -154,15 +203,25 @@ class World:
     transitions: list[Transition] = field(default_factory=list)
     counter: int = 0
 
-    def envelope(self, thread_id: str, body: InputBody, message_id: str | None = None,
-                 source: str = "user:alice") -> Input:
+    def envelope(
+        self, thread_id: str, body: InputBody, message_id: str | None = None, source: str = "user:alice"
+    ) -> Input:
         self.counter += 1
         self.clock += 1000
-        return Input(message_id=message_id or f"m{self.counter}", thread_id=thread_id, created_at=self.clock,
-                     source=source, expires_at=None, key_id=None, signature=None, body=body)
+        return Input(
+            message_id=message_id or f"m{self.counter}",
+            thread_id=thread_id,
+            created_at=self.clock,
+            source=source,
+            expires_at=None,
+            key_id=None,
+            signature=None,
+            body=body,
+        )
 
-    def send(self, thread_id: str, body: InputBody, message_id: str | None = None,
-             provenance: str = VERIFIED) -> Receipt:
+    def send(
+        self, thread_id: str, body: InputBody, message_id: str | None = None, provenance: str = VERIFIED
+    ) -> Receipt:
         """Fold one input (then deliver the loopbacks it caused); return its receipt."""
         if isinstance(body, Completion) and message_id is None:
             message_id = body.request_id
@@ -174,8 +233,11 @@ class World:
     def deliver(self, record: Input, provenance: str = VERIFIED) -> Receipt:
         self.inputs.append(record)
         thread_id = record.thread_id
-        facts = Facts(seen=record.message_id in self.seen.get(thread_id, set()), provenance=provenance,
-                      default_config=self.default_config)
+        facts = Facts(
+            seen=record.message_id in self.seen.get(thread_id, set()),
+            provenance=provenance,
+            default_config=self.default_config,
+        )
         transition = fold(self.states.get(thread_id), record, facts)
         self.transitions.append(transition)
         self.states[thread_id] = transition.state
@@ -200,11 +262,20 @@ class World:
                     self.queue.append(record)
                 case SpawnChild():
                     inherited = visible(self.histories.get(thread_id, []), effect.up_to_seq)
-                    self.queue.append(Input(
-                        message_id=effect.message_id, thread_id=effect.child_thread_id,
-                        created_at=effect.created_at, source="processor", expires_at=None, key_id=None,
-                        signature=None, body=CreateThread(config=effect.config, inherited=inherited,
-                                                          initial=effect.initial)))
+                    self.queue.append(
+                        Input(
+                            message_id=effect.message_id,
+                            thread_id=effect.child_thread_id,
+                            created_at=effect.created_at,
+                            source="processor",
+                            expires_at=None,
+                            key_id=None,
+                            signature=None,
+                            body=CreateThread(
+                                config=effect.config, inherited=inherited, initial=effect.initial
+                            ),
+                        )
+                    )
                 case DispatchTool(dispatch):
                     self.dispatches.append(dispatch)
                 case RequestCompletion():
@@ -229,8 +300,11 @@ class World:
         return pending
 
     def dispatch_for(self, thread_id: str, call_id: str, kind: str = "invoke") -> Dispatch:
-        return next(d for d in reversed(self.dispatches)
-                    if d.thread_id == thread_id and d.call_id == call_id and d.kind == kind)
+        return next(
+            d
+            for d in reversed(self.dispatches)
+            if d.thread_id == thread_id and d.call_id == call_id and d.kind == kind
+        )
 
     def bodies(self, thread_id: str) -> list[object]:
         return [e.body for e in self.histories.get(thread_id, [])]
@@ -241,7 +315,8 @@ class World:
     def children(self, thread_id: str) -> list[str]:
         return [c.thread_id for c in self.state(thread_id).children]
 
-    def reply(self, thread_id: str, text: str = "done", calls: tuple[ToolCall, ...] = (),
-              total_tokens: int = 100) -> Receipt:
+    def reply(
+        self, thread_id: str, text: str = "done", calls: tuple[ToolCall, ...] = (), total_tokens: int = 100
+    ) -> Receipt:
         """Answer the thread's pending completion."""
         return self.send(thread_id, completion(self.request(thread_id), text, calls, total_tokens))

@@ -27,8 +27,8 @@ from torpor.processors.effects import (
     SpawnChild,
 )
 from torpor.processors.history import advance
-from torpor.schemas.ids import derive_id
 from torpor.processors.state import Facts, ThreadState
+from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
     ContentBlock,
     Dispatch,

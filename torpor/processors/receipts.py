@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from torpor.schemas.ids import derive_id
 from torpor.processors.state import GENESIS_HEAD, Facts, ThreadState
+from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Input, Receipt
 
 RUNTIME_BUILD: Final = "torpor-fold/1"
