@@ -1,0 +1,92 @@
+"""streams/errors.py: translate classifies each KafkaError by what the caller must do.
+
+The errors are real `KafkaError` values, built the way librdkafka builds them (code plus
+flags); the broker-side cases (a fenced producer) are in test_transactions.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from torpor.schemas.errors import (
+    CheckpointAbortedError,
+    ConfigError,
+    FencedError,
+    RetriableError,
+    TorporError,
+)
+from torpor.streams.errors import (
+    FENCING_CODES,
+    BrokerUnreachableError,
+    KafkaOperationError,
+    KafkaRetriableError,
+    ProducerFencedError,
+    TransactionAbortRequiredError,
+    translate,
+)
+
+
+def test_a_fatal_error_is_fenced_whatever_else_it_says() -> None:
+    error = KafkaError(KafkaError._FATAL, "fatal", fatal=True, retriable=True, txn_requires_abort=True)
+
+    translated = translate(KafkaException(error), operation="commit_transaction")
+
+    assert isinstance(translated, ProducerFencedError)
+    assert isinstance(translated, FencedError)
+    assert str(translated).startswith("commit_transaction failed: _FATAL (code -150): fatal.")
+    assert translated.detail.code == KafkaError._FATAL
+
+
+@pytest.mark.parametrize("code", sorted(FENCING_CODES))
+def test_every_fencing_code_is_fenced_even_when_not_flagged_fatal(code: int) -> None:
+    assert isinstance(translate(KafkaError(code)), FencedError)
+
+
+def test_an_abortable_error_asks_for_an_abort_before_a_retry() -> None:
+    error = KafkaError(KafkaError._STATE, "abortable", retriable=True, txn_requires_abort=True)
+
+    translated = translate(KafkaException(error))
+
+    assert isinstance(translated, TransactionAbortRequiredError)
+    assert isinstance(translated, CheckpointAbortedError)
+    assert "Abort the transaction" in str(translated)
+
+
+def test_a_retriable_error_is_retriable() -> None:
+    translated = translate(KafkaError(KafkaError.REQUEST_TIMED_OUT, "slow", retriable=True))
+
+    assert isinstance(translated, KafkaRetriableError)
+    assert isinstance(translated, RetriableError)
+
+
+def test_anything_else_keeps_its_code_and_description() -> None:
+    translated = translate(
+        KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too big")), operation="produce"
+    )
+
+    assert type(translated) is KafkaOperationError
+    assert isinstance(translated, TorporError)
+    assert translated.detail.name == "MSG_SIZE_TOO_LARGE"
+    assert (
+        str(translated)
+        == f"produce failed: MSG_SIZE_TOO_LARGE (code {KafkaError.MSG_SIZE_TOO_LARGE}): too big"
+    )
+
+
+def test_a_kafka_exception_without_an_error_inside_becomes_a_plain_failure() -> None:
+    translated = translate(KafkaException("something odd"))
+
+    assert type(translated) is KafkaOperationError
+    assert translated.detail.name == "_FAIL"
+    assert "something odd" in str(translated)
+
+
+def test_an_unreachable_broker_means_refuse_to_start() -> None:
+    error = BrokerUnreachableError("kafka-1:9092", 2.5, "Broker transport failure")
+
+    assert isinstance(error, ConfigError)
+    assert str(error).startswith(
+        "no Kafka broker answered at kafka-1:9092 within 2.5s (Broker transport failure)."
+    )
+    assert "`torpor broker start`" in str(error)
