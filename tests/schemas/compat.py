@@ -69,9 +69,9 @@ def _problems(reader: object, writer: object, path: str) -> list[str]:
         assert isinstance(reader, dict) and isinstance(writer, dict)
         if reader["name"] != writer["name"]:
             return [f"{path}: record {writer['name']} is not {reader['name']}"]
-        writer_fields = {f["name"]: f for f in writer["fields"]}  # type: ignore[attr-defined]
+        writer_fields = {f["name"]: f for f in writer["fields"]}
         out = []
-        for field in reader["fields"]:  # type: ignore[attr-defined]
+        for field in reader["fields"]:
             where = f"{path}.{field['name']}"
             if field["name"] in writer_fields:
                 out += _problems(field["type"], writer_fields[field["name"]]["type"], where)

@@ -70,7 +70,7 @@ def _find_record(node: object, name: str) -> dict[str, object] | None:
         if node.get("type") == "record":
             if node["name"] == name:
                 return node
-            for f in node["fields"]:  # type: ignore[attr-defined]
+            for f in node["fields"]:
                 found = _find_record(f["type"], name)
                 if found is not None:
                     return found
@@ -100,7 +100,9 @@ def input_v2_schema() -> dict[str, object]:
 def input_with_new_branch_schema() -> dict[str, object]:
     """The current `Input.avsc` with a new body branch `Snooze`: not forward compatible."""
     schema = copy.deepcopy(shipped_catalog().current["Input"].schema)
-    for field in schema["fields"]:  # type: ignore[attr-defined]
+    fields = schema["fields"]
+    assert isinstance(fields, list)
+    for field in fields:
         if field["name"] == "body":
             field["type"].append(
                 {

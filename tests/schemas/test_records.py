@@ -79,7 +79,7 @@ def _expected(tp: object, field: str) -> object:
         return {"array": _expected(typing.get_args(tp)[0], field)}
     primitives = {str: "string", bool: "boolean", bytes: "bytes", float: "double"}
     if tp in primitives:
-        return primitives[typing.cast(type, tp)]
+        return primitives[tp]
     if tp is int:
         return {"long": "timestamp-millis"} if field in TIME_FIELDS else "long"
     assert isinstance(tp, type) and dataclasses.is_dataclass(tp), tp
@@ -128,7 +128,7 @@ def test_each_top_level_file_is_self_contained_in_namespace_torpor(name: str) ->
     assert schema["name"] == name and schema["namespace"] == "torpor"
     # Parsing with an empty set of known names proves the file needs no other file.
     parsed = fastavro.parse_schema(schema, named_schemas={})
-    assert parsed["name"] == f"torpor.{name}"
+    assert isinstance(parsed, dict) and parsed["name"] == f"torpor.{name}"
 
 
 def test_record_docstrings_open_the_schema_docs() -> None:

@@ -270,7 +270,7 @@ class Codec:
         self._writers: dict[int, KnownSchema] = {}
 
     @classmethod
-    def from_url(cls, url: str | None, conf: Mapping[str, str] | None = None) -> Codec:
+    def from_url(cls, url: str | None, conf: Mapping[str, str | int] | None = None) -> Codec:
         """A codec for registry `url` (``http(s)://...`` or ``mock://...``), or none if None.
 
         Raises `ConfigError` if the registry client rejects the URL or a setting.

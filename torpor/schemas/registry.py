@@ -17,6 +17,7 @@ Any registry with the Confluent API works: Confluent Schema Registry, Apicurio R
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from typing import Final
@@ -30,6 +31,11 @@ _NOT_FOUND: Final = 404
 _CLIENT_ERRORS: Final = range(400, 500)
 
 
+def redact(url: str) -> str:
+    """`url` with any ``user:password@`` userinfo replaced by ``***@``, for logs and errors."""
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
 class SchemaRegistry:
     """Register and look up the Avro schemas of Torpor's topics, with caches.
 
@@ -40,13 +46,13 @@ class SchemaRegistry:
 
     def __init__(self, client: SchemaRegistryClient, url: str = "?") -> None:
         self._client = client
-        self.url = url
+        self.url = redact(url)
         self._ids: dict[tuple[str, str], int] = {}
         self._texts: dict[int, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, conf: Mapping[str, str] | None = None) -> SchemaRegistry:
+    def from_url(cls, url: str, conf: Mapping[str, str | int] | None = None) -> SchemaRegistry:
         """A registry client for `url`; ``mock://<name>`` gives confluent-kafka's in-process twin.
 
         `conf` holds further client settings (``basic.auth.user.info``, TLS paths). Raises
@@ -55,11 +61,11 @@ class SchemaRegistry:
         try:
             client = SchemaRegistryClient.new_client({**(conf or {}), "url": url})
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"schema registry {url!r}: {exc}") from exc
+            raise ConfigError(f"schema registry {redact(url)!r}: {exc}") from exc
         return cls(client, url)
 
     def __repr__(self) -> str:
-        # The client config may hold credentials; only the URL is shown.
+        # The client config may hold credentials; only the redacted URL is shown.
         return f"SchemaRegistry(url={self.url!r})"
 
     def register(self, subject: str, schema_text: str) -> int:
