@@ -1,0 +1,182 @@
+"""A trivial `PartitionTask` for the loop's tests: a counter per key, in RocksDB.
+
+Each input record `key -> value` increments the key's count in the store and produces
+`key -> b"<value>|<count>"` to the `out` topic, in the transaction. An input whose value
+is `b"poison"` is not counted: it goes to the `parked` topic, and its "receipt" to `out`
+as `b"<value>|parked"`. So under exactly-once every input value appears on `out` once,
+and each key's count in the store equals its number of non-poison inputs.
+
+Run as a process (`python -m tests.streams.counter_task ...`) so tests can kill it with
+SIGKILL. Crash points for tests, by environment variable (the process `os._exit(9)`s):
+
+- `COUNTER_CRASH_IN_PROCESS=N`: after folding N records, before any commit of them.
+- `COUNTER_CRASH_AFTER_COMMIT=N`: at the N-th commit, after the Kafka transaction
+  committed and before the store write (the store lags the changelog).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from torpor.streams.clients import make_consumer, make_producer
+from torpor.streams.config import KafkaSettings, Settings
+from torpor.streams.loop import CheckpointLoop, LoopSettings
+from torpor.streams.task import Change, InputRecord, OutputRecord, StoredOffsets, TaskOutput
+
+POISON: Final = b"poison"
+_META_CHANGELOG: Final = b"\x00meta.changelog"
+_META_INPUT: Final = b"\x00meta.input"
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    return int(raw) if raw else None
+
+
+class CounterTask:
+    """Counts inputs per key; the store is `<root>/p<partition>` (see the module docstring)."""
+
+    folded = 0  # records folded by every task of the process, for the crash points
+    commits = 0
+
+    def __init__(self, root: Path, partition: int, out_topic: str, parked_topic: str) -> None:
+        self.path = root / f"p{partition}"
+        self.out_topic = out_topic
+        self.parked_topic = parked_topic
+        self._db = self._open()
+        self._overlay: dict[bytes, bytes | None] = {}
+
+    def _open(self) -> Rdict:
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        return Rdict(str(self.path), options)
+
+    def _get(self, key: bytes) -> bytes | None:
+        if key in self._overlay:
+            return self._overlay[key]
+        value = self._db.get(key)
+        assert value is None or isinstance(value, bytes)
+        return value
+
+    def offsets(self) -> StoredOffsets:
+        changelog, inputs = self._db.get(_META_CHANGELOG), self._db.get(_META_INPUT)
+        return StoredOffsets(
+            None if changelog is None else int(changelog), None if inputs is None else int(inputs)
+        )
+
+    def _write(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        if offsets.changelog_offset is not None:
+            batch.put(_META_CHANGELOG, str(offsets.changelog_offset).encode())
+        if offsets.input_offset is not None:
+            batch.put(_META_INPUT, str(offsets.input_offset).encode())
+        self._db.write(batch)
+
+    def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
+        self._write(changes, offsets)
+
+    def process(self, records: Sequence[InputRecord]) -> TaskOutput:
+        out: list[OutputRecord] = []
+        changes: list[Change] = []
+        crash_at = _env_int("COUNTER_CRASH_IN_PROCESS")
+        for record in records:
+            value = record.value or b""
+            if value == POISON or record.key is None:
+                out.append(OutputRecord(self.parked_topic, record.key, record.value))
+                out.append(OutputRecord(self.out_topic, record.key, value + b"|parked"))
+            else:
+                count = int(self._get(record.key) or b"0") + 1
+                self._overlay[record.key] = str(count).encode()
+                changes.append((record.key, str(count).encode()))
+                out.append(OutputRecord(self.out_topic, record.key, value + b"|" + str(count).encode()))
+            CounterTask.folded += 1
+            if crash_at is not None and CounterTask.folded >= crash_at:
+                os._exit(9)
+        return TaskOutput(tuple(out), tuple(changes))
+
+    def commit(self, offsets: StoredOffsets) -> None:
+        CounterTask.commits += 1
+        if CounterTask.commits == _env_int("COUNTER_CRASH_AFTER_COMMIT"):
+            os._exit(9)
+        self._write(list(self._overlay.items()), offsets)
+        self._overlay.clear()
+
+    def abort(self) -> None:
+        self._overlay.clear()
+
+    def wipe(self) -> None:
+        self._db.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._db = self._open()
+        self._overlay.clear()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def read_counts(root: Path, partition: int) -> dict[bytes, int]:
+    """The counts a (closed) store holds, metadata rows left out."""
+    options = Options(raw_mode=True)
+    db = Rdict(str(root / f"p{partition}"), options)
+    try:
+        return {k: int(v) for k, v in db.items() if not k.startswith(b"\x00")}
+    finally:
+        db.close()
+
+
+def read_offsets(root: Path, partition: int) -> StoredOffsets:
+    task = CounterTask(root, partition, "", "")
+    try:
+        return task.offsets()
+    finally:
+        task.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser()
+    for name in ("bootstrap", "inputs", "changelog", "out", "parked", "group", "instance", "store"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--until-idle", action="store_true")
+    parser.add_argument("--commit-every", type=int, default=1000)
+    parser.add_argument("--max-batch", type=int, default=500)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=args.bootstrap))
+    root = Path(args.store)
+    consumer = make_consumer(settings, args.group, instance_id=args.instance)
+    restore_consumer = make_consumer(settings, f"{args.group}.restore")
+    producer = make_producer(settings, transactional_id=f"{args.group}-{args.instance}")
+    loop = CheckpointLoop(
+        consumer, producer, restore_consumer,
+        lambda partition: CounterTask(root, partition, args.out, args.parked),
+        LoopSettings(args.inputs, args.changelog, commit_every=args.commit_every, max_batch=args.max_batch),
+    )
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    try:
+        loop.run(lambda: bool(stopping), until_idle=args.until_idle)
+        loop.close()
+    except Exception as exc:
+        print(f"fatal: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+    print(f"done: commits={loop.commits} aborts={loop.aborts}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,121 @@
+"""The transactional checkpoint loop against a real broker, with a counter per key as the task.
+
+Each test runs the loop in a child process (`tests/streams/counter_task.py`) so that it
+can be killed for real (SIGKILL, SIGSTOP) at the crash points of DESIGN section 6, and
+then checks exactly-once from the outside: every input appears once on `out`
+(read_committed), none is missing, and each key's count in RocksDB equals its inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TopicFactory
+from tests.streams.counter_rig import CounterRig, assert_exactly_once
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def rig(kafka_bootstrap: str, topic_factory: TopicFactory, tmp_path: Path) -> Iterator[CounterRig]:
+    partitions = 3
+    rig = CounterRig(
+        bootstrap=kafka_bootstrap,
+        inputs=topic_factory(partitions),
+        changelog=topic_factory(partitions, {"cleanup.policy": "compact"}),
+        out=topic_factory(partitions),
+        parked=topic_factory(partitions),
+        group=f"counter-{uuid.uuid4().hex[:12]}",
+        store=tmp_path / "stores",
+        partitions=partitions,
+    )
+    yield rig
+    rig.kill_all()  # a failed test must not leave a loop running against the broker
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr[-4000:]}"
+    return result.stdout
+
+
+def test_every_input_is_counted_once_and_its_output_committed(rig: CounterRig) -> None:
+    inputs = rig.produce_inputs(600)
+    _ok(rig.run_until_idle())
+    assert_exactly_once(rig, inputs)
+    assert sum(rig.committed_offsets().values()) == 600
+
+
+def test_a_second_run_over_the_same_store_folds_nothing_again(rig: CounterRig) -> None:
+    inputs = rig.produce_inputs(300)
+    _ok(rig.run_until_idle())
+    more = rig.produce_inputs(200, first=300)
+    _ok(rig.run_until_idle())
+    assert_exactly_once(rig, inputs + more)
+
+
+def test_sigkill_at_random_points_loses_nothing_and_duplicates_nothing(rig: CounterRig) -> None:
+    inputs = rig.produce_inputs(6000)
+    progress = 0
+    for kill in range(4):
+        # Small batches and commits make many transactions, so each kill lands mid-stream.
+        process = rig.start(commit_every=40, max_batch=20, log_name=f"kill{kill}")
+        progress = rig.wait_for_out(progress + 300, timeout=90)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    _ok(rig.run_until_idle(timeout=180))
+    assert_exactly_once(rig, inputs)
+
+
+def test_crash_before_the_commit_leaves_nothing_visible(rig: CounterRig) -> None:
+    inputs = rig.produce_inputs(500)
+    crashed = rig.run_until_idle(env={"COUNTER_CRASH_IN_PROCESS": "250"}, max_batch=50, commit_every=100)
+    assert crashed.returncode == 9
+    _ok(rig.run_until_idle())
+    assert_exactly_once(rig, inputs)
+
+
+def test_crash_between_the_commit_and_the_store_write_is_caught_up_by_restore(rig: CounterRig) -> None:
+    inputs = rig.produce_inputs(500)
+    crashed = rig.run_until_idle(env={"COUNTER_CRASH_AFTER_COMMIT": "3"}, max_batch=50, commit_every=100)
+    assert crashed.returncode == 9
+    # The store now lags the changelog by one checkpoint; restore must bring it (and its
+    # input offset) up, or the offset check refuses to fold.
+    out = _ok(rig.run_until_idle())
+    assert "commits=" in out
+    assert_exactly_once(rig, inputs)
+
+
+def test_poison_records_are_parked_and_the_partition_goes_on(rig: CounterRig) -> None:
+    inputs = rig.produce_inputs(200, poison_every=50)
+    _ok(rig.run_until_idle())
+    assert_exactly_once(rig, inputs)
+    parked = rig.read_committed(rig.parked)
+    assert [value for _, value in parked] == [b"poison"] * 4
+
+
+def test_a_paused_zombie_is_fenced_and_exits_non_zero(rig: CounterRig) -> None:
+    inputs = rig.produce_inputs(3000)
+    zombie = rig.start(commit_every=40, max_batch=20, log_name="zombie")
+    rig.wait_for_out(200)
+    zombie.send_signal(signal.SIGSTOP)  # a long GC pause, a frozen VM: it still thinks it owns
+    # The successor runs elsewhere, with a store of its own (empty: it restores from the
+    # changelog), and the same instance id: its init_transactions fences the zombie's
+    # producer, and its static membership takes the zombie's place in the group.
+    successor = dataclasses.replace(rig, store=rig.store.parent / "successor")
+    try:
+        _ok(successor.run_until_idle(timeout=180))
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+    code = wait_until(lambda: zombie.poll(), timeout=60, message="the zombie exits once it wakes")
+    assert code != 0
+    log = "\n".join(p.read_text() for p in rig.store.parent.glob("zombie-*.log"))
+    assert "fatal:" in log, log[-3000:]
+    assert_exactly_once(successor, inputs)

@@ -1,0 +1,535 @@
+"""The transactional checkpoint loop: exactly-once folding of `inputs` partitions.
+
+One `CheckpointLoop` per processor process owns one consumer (read_committed,
+cooperative-sticky, static membership) and one transactional producer whose
+`transactional.id` is stable per instance. It drives a `PartitionTask` per owned
+partition (`streams/task.py`) through checkpoints. A checkpoint runs in five phases,
+one method each, numbered here and in the bodies:
+
+1. begin    `producer.begin_transaction()`, lazily, when the first record of a new
+            checkpoint arrives (no empty transactions).
+2. process  each polled batch, partition by partition, goes to that partition's task,
+            which folds it into its overlay and returns records and store changes.
+3. produce  the task's records, a changelog record per store change (same key, same
+            value, to the input's partition number), and, at the commit, one checkpoint
+            record per partition carrying the input offset the transaction commits
+            (`restore.CHECKPOINT_KEY`).
+4. commit   every `commit_interval` seconds or `commit_every` records: flush (delivery
+            failures abort), `send_offsets_to_transaction` with fresh consumer group
+            metadata (KIP-447: a zombie is fenced), `commit_transaction`.
+5. apply    only after the commit succeeded, each task writes its overlay to its store
+            in one batch, with the changelog offset and the input offset it reaches.
+            RocksDB may lag the transaction (restore catches it up), never lead it.
+
+Failures, by what the loop does (classes from `torpor.schemas.errors`):
+
+- `RetriableError`: retry the same call while its `Deadline` allows.
+- `CheckpointAbortedError` (or retries exhausted): `abort_transaction`, drop every
+  overlay of the checkpoint, seek each partition back to its committed offset.
+- anything else, notably `FencedError`: raised out of `run`; the caller exits non-zero.
+  A failure after the commit (while applying to the store) is fatal too: the store is
+  merely behind, and the restart restores it from the changelog.
+
+Every transaction call is bounded twice: by the timeout it is given, and by a watchdog
+thread, because a librdkafka transaction call can overrun its own timeout. A call still
+running at its deadline plus `watchdog_grace` raises `WatchdogExpiredError`: the
+producer's state is unknown, so the process must exit; its restart calls
+`init_transactions` with the same id, which fences this producer and aborts whatever
+it left open.
+
+Partitions follow `lifecycle.PartitionLifecycle`. On assignment a partition's store is
+restored from the changelog and checked against the group's committed offset before
+anything is folded (`restore.py`); on revoke the open checkpoint is committed within
+`revoke_budget`, or aborted, and the store closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from torpor.schemas.errors import (
+    CheckpointAbortedError,
+    FencedError,
+    RetriableError,
+    StoreCorruptedError,
+    TorporError,
+)
+from torpor.streams.deadline import Deadline
+from torpor.streams.errors import translate
+from torpor.streams.lifecycle import PartitionLifecycle, PartitionState
+from torpor.streams.restore import (
+    CHECKPOINT_HEADER,
+    CHECKPOINT_KEY,
+    check_offsets,
+    encode_checkpoint,
+    restore_partition,
+)
+from torpor.streams.task import InputRecord, OutputRecord, PartitionTask, StoredOffsets, TaskFactory
+
+log: Final = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_ANY_PARTITION: Final = -1
+
+
+class WatchdogExpiredError(FencedError):
+    """A transaction call ran past its deadline and its grace: the producer state is unknown.
+
+    The remedy is that of fencing: exit. The restarted instance's `init_transactions`
+    (same `transactional.id`) fences this producer and aborts its open transaction.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    """How the loop paces checkpoints and bounds its calls. Seconds unless named otherwise."""
+
+    inputs_topic: str
+    changelog_topic: str
+    # DESIGN section 6: commit every 100-250 ms. Shorter costs a transaction round trip
+    # per commit; longer delays every effect (and every model call) by as much.
+    commit_interval: float = 0.2
+    # Or after this many records, so a burst does not build one huge transaction.
+    commit_every: int = 1000
+    # Records per consume() call: one batch is folded partition by partition.
+    max_batch: int = 500
+    # How long one consume() may block when nothing arrives; bounds the stop latency.
+    poll_timeout: float = 0.1
+    # The budget of one transaction phase (flush, send offsets, commit, abort).
+    transaction_timeout: float = 10.0
+    # How far past its deadline a call may run before the watchdog declares it hung.
+    watchdog_grace: float = 5.0
+    # Revoke: commit or abort the open checkpoint within this budget, then close.
+    revoke_budget: float = 10.0
+    # Restore of one partition on assignment; a dead owner's open transaction can hold
+    # the changelog's end back for up to transaction.timeout.ms (10 s by default).
+    restore_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("commit_interval", "poll_timeout", "transaction_timeout", "watchdog_grace",
+                     "revoke_budget", "restore_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"LoopSettings.{name} must be positive, got {value!r}")
+        if self.commit_every < 1 or self.max_batch < 1:
+            raise ValueError("LoopSettings.commit_every and max_batch must be at least 1")
+
+
+@dataclass(slots=True)
+class _Owned:
+    """One partition this instance owns: its lifecycle, its task, its committed offset."""
+
+    lifecycle: PartitionLifecycle
+    task: PartitionTask
+    # The next input offset the last commit covers (None: nothing committed yet).
+    committed: int | None
+    # The changelog offset of the last record the store holds.
+    changelog_offset: int | None
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    """The open transaction: what it has folded, per partition, since `begin`."""
+
+    started: float
+    records: int = 0
+    next_offsets: dict[int, int] = field(default_factory=dict)
+    # Offsets of changelog records the broker acknowledged, per partition (delivery reports).
+    changelog_acked: dict[int, int] = field(default_factory=dict)
+    delivery_error: KafkaError | None = None
+
+
+class CheckpointLoop:
+    """Runs the checkpoints of one processor instance (see the module docstring)."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        producer: Producer,
+        restore_consumer: Consumer,
+        task_factory: TaskFactory,
+        settings: LoopSettings,
+        *,
+        is_busy: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._consumer = consumer
+        self._producer = producer
+        self._restore_consumer = restore_consumer
+        self._task_factory = task_factory
+        self._settings = settings
+        self._is_busy = is_busy  # work outside the loop still in flight (the model stage)
+        self._owned: dict[int, _Owned] = {}
+        self._checkpoint: _Checkpoint | None = None
+        self._assigned_once = False
+        self.commits = 0
+        self.aborts = 0
+
+    # --- running ------------------------------------------------------------------
+
+    def run(self, should_stop: Callable[[], bool], *, until_idle: bool = False) -> None:
+        """Fold until `should_stop()` (or, with `until_idle`, until caught up and idle).
+
+        Raises whatever is fatal (module docstring); on a clean stop the open checkpoint
+        is committed and the stores are closed.
+        """
+        settings = self._settings
+        self._bounded("init_transactions", self._producer.init_transactions,
+                      Deadline.after(settings.transaction_timeout))
+        self._consumer.subscribe(
+            [settings.inputs_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        while not should_stop():
+            messages = self._consumer.consume(settings.max_batch, timeout=settings.poll_timeout)
+            if messages:
+                self._fold(messages)
+            self._producer.poll(0)  # serve delivery reports between commits
+            if self._is_due():
+                self.commit_checkpoint(Deadline.after(settings.transaction_timeout))
+            if until_idle and not messages and self._is_idle():
+                log.info("caught up and idle: stopping", extra={"partition": sorted(self._owned)})
+                break
+        self.commit_checkpoint(Deadline.after(settings.transaction_timeout))
+
+    def close(self) -> None:
+        """Leave the group and close every store (clean: nothing is open any more)."""
+        self._consumer.close()  # runs _on_revoke for what is still owned
+        for partition in list(self._owned):
+            self._close_partition(partition)
+
+    def _fold(self, messages: list[Message]) -> None:
+        by_partition: dict[int, list[InputRecord]] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise translate(error, operation="consume")
+            record = _record_of(message)
+            owned = self._owned.get(record.partition)
+            if owned is None or not owned.lifecycle.is_running():
+                continue  # fetched just before a revoke: the new owner folds it
+            by_partition.setdefault(record.partition, []).append(record)
+        if not by_partition:
+            return
+        checkpoint = self._checkpoint or self.begin()
+        for partition, records in by_partition.items():
+            self.process(checkpoint, partition, records)
+
+    # --- phase 1: begin -----------------------------------------------------------
+
+    def begin(self) -> _Checkpoint:
+        """Phase 1: open a transaction for the next checkpoint."""
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            raise translate(exc, operation="begin_transaction") from exc
+        self._checkpoint = _Checkpoint(started=time.monotonic())
+        return self._checkpoint
+
+    # --- phases 2 and 3: process, produce ------------------------------------------
+
+    def process(self, checkpoint: _Checkpoint, partition: int, records: list[InputRecord]) -> None:
+        """Phase 2: fold `records` into the partition's overlay; phase 3: produce the results."""
+        output = self._owned[partition].task.process(records)
+        for out in output.records:
+            self._produce(checkpoint, out)
+        changelog = self._settings.changelog_topic
+        for key, value in output.changes:
+            self._produce(checkpoint, OutputRecord(changelog, key, value, partition=partition))
+        checkpoint.records += len(records)
+        checkpoint.next_offsets[partition] = records[-1].offset + 1
+
+    def _produce(self, checkpoint: _Checkpoint, out: OutputRecord) -> None:
+        changelog = self._settings.changelog_topic
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                checkpoint.delivery_error = checkpoint.delivery_error or error
+            elif message.topic() == changelog:
+                part, offset = message.partition(), message.offset()
+                if part is not None and offset is not None:
+                    checkpoint.changelog_acked[part] = max(offset, checkpoint.changelog_acked.get(part, -1))
+
+        deadline = Deadline.after(self._settings.transaction_timeout)
+        while True:
+            try:
+                self._producer.produce(
+                    out.topic, value=out.value, key=out.key,
+                    # -1 is librdkafka's "let the partitioner choose" (murmur2, by key).
+                    partition=_ANY_PARTITION if out.partition is None else out.partition,
+                    headers=list(out.headers) or None, on_delivery=delivered,
+                )
+                return
+            except BufferError:
+                # The local queue is full: serve delivery reports to drain it, then retry.
+                if deadline.expired():
+                    raise CheckpointAbortedError(
+                        f"the producer queue stayed full for {self._settings.transaction_timeout}s"
+                    ) from None
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                raise translate(exc, operation=f"produce to {out.topic}") from exc
+
+    # --- phase 4: commit; phase 5: apply --------------------------------------------
+
+    def _is_due(self) -> bool:
+        checkpoint = self._checkpoint
+        if checkpoint is None:
+            return False
+        elapsed = time.monotonic() - checkpoint.started
+        return elapsed >= self._settings.commit_interval or checkpoint.records >= self._settings.commit_every
+
+    def commit_checkpoint(self, deadline: Deadline) -> bool:
+        """Phases 3-5 of the open checkpoint, if any. Returns False if it had to be aborted.
+
+        Raises fatal errors (fenced, hung, a store that cannot be written after the commit).
+        """
+        checkpoint = self._checkpoint
+        if checkpoint is None:
+            return True
+        try:
+            for partition, offset in checkpoint.next_offsets.items():  # phase 3, the last records
+                self._produce(checkpoint, OutputRecord(
+                    self._settings.changelog_topic, CHECKPOINT_KEY, encode_checkpoint(offset),
+                    partition=partition, headers=((CHECKPOINT_HEADER, b""),),
+                ))
+            self._commit(checkpoint, deadline)  # phase 4
+        except (CheckpointAbortedError, RetriableError) as error:
+            self._abort(checkpoint, error)
+            return False
+        self._checkpoint = None
+        self._apply(checkpoint)  # phase 5
+        self.commits += 1
+        return True
+
+    def _commit(self, checkpoint: _Checkpoint, deadline: Deadline) -> None:
+        """Phase 4: flush, send the offsets with fresh group metadata, commit."""
+        self._flush(deadline)
+        if checkpoint.delivery_error is not None:
+            error = translate(checkpoint.delivery_error, operation="deliver a checkpoint record")
+            if isinstance(error, FencedError):
+                raise error
+            raise CheckpointAbortedError(str(error)) from error
+        inputs = self._settings.inputs_topic
+        offsets = [TopicPartition(inputs, p, o) for p, o in checkpoint.next_offsets.items()]
+        metadata = self._consumer.consumer_group_metadata()
+        self._bounded("send_offsets_to_transaction",
+                      lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
+                      deadline)
+        self._bounded("commit_transaction", self._producer.commit_transaction, deadline)
+
+    def _flush(self, deadline: Deadline) -> None:
+        while True:
+            remaining = self._producer.flush(deadline.timeout_for_call(1.0))
+            if remaining == 0:
+                return
+            if deadline.expired():
+                raise CheckpointAbortedError(f"{remaining} records were undelivered at the commit deadline")
+
+    def _apply(self, checkpoint: _Checkpoint) -> None:
+        """Phase 5: the transaction is durable; write each overlay to its store in one batch."""
+        for partition, offset in checkpoint.next_offsets.items():
+            owned = self._owned.get(partition)
+            if owned is None:
+                continue
+            changelog_offset = checkpoint.changelog_acked.get(partition, owned.changelog_offset)
+            owned.task.commit(StoredOffsets(changelog_offset, offset))
+            owned.committed = offset
+            owned.changelog_offset = changelog_offset
+
+    def _abort(self, checkpoint: _Checkpoint, error: TorporError) -> None:
+        """Abort the transaction, drop the overlays, seek back to the committed offsets."""
+        log.warning("aborting checkpoint: %s", error, extra={"partition": sorted(checkpoint.next_offsets)})
+        self._checkpoint = None
+        self.aborts += 1
+        self._bounded("abort_transaction", self._producer.abort_transaction,
+                      Deadline.after(self._settings.transaction_timeout))
+        for partition in checkpoint.next_offsets:
+            owned = self._owned.get(partition)
+            if owned is None:
+                continue
+            owned.task.abort()
+            if not owned.lifecycle.is_running():
+                continue  # being revoked: its next owner starts from the committed offset anyway
+            start = OFFSET_BEGINNING if owned.committed is None else owned.committed
+            self._consumer.seek(TopicPartition(self._settings.inputs_topic, partition, start))
+
+    # --- the watchdog ---------------------------------------------------------------
+
+    def _bounded(self, operation: str, call: Callable[[float], T], deadline: Deadline) -> T:
+        """Run a transaction call with retries while `deadline` allows, under a watchdog.
+
+        Raises the translated error when it is not retriable or the deadline has passed,
+        and WatchdogExpiredError when the call itself does not return in time.
+        """
+        while True:
+            timeout = deadline.timeout_for_call(self._settings.transaction_timeout)
+            try:
+                return _watched(operation, call, timeout, self._settings.watchdog_grace)
+            except KafkaException as exc:
+                error = translate(exc, operation=operation)
+                if isinstance(error, RetriableError) and not deadline.expired():
+                    log.info("retrying %s: %s", operation, error)
+                    continue
+                raise error from exc
+
+    # --- rebalancing ------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Restore and check each new partition, then start fetching it at the checked offset."""
+        self._assigned_once = True
+        starts: list[TopicPartition] = []
+        for tp in partitions:
+            owned = self._open_partition(tp.partition)
+            start = OFFSET_BEGINNING if owned.committed is None else owned.committed
+            starts.append(TopicPartition(tp.topic, tp.partition, start))
+        consumer.incremental_assign(starts)
+
+    def _open_partition(self, partition: int) -> _Owned:
+        settings = self._settings
+        lifecycle = PartitionLifecycle(settings.inputs_topic, partition)
+        task = self._task_factory(partition)
+        owned = _Owned(lifecycle, task, None, None)
+        self._owned[partition] = owned
+        lifecycle.transition_to(PartitionState.RESTORING)
+        deadline = Deadline.after(settings.restore_timeout)
+        changelog = settings.changelog_topic
+        try:
+            result = restore_partition(self._restore_consumer, changelog, partition, task, deadline)
+        except StoreCorruptedError as error:
+            log.error("store corrupted, wiping it and restoring from offset 0: %s", error,
+                      extra={"partition": partition})
+            task.wipe()
+            result = restore_partition(self._restore_consumer, changelog, partition, task, deadline)
+        committed = self._committed_offset(partition, deadline)
+        check_offsets(settings.inputs_topic, partition, result.offsets.input_offset, committed)
+        owned.committed = committed
+        owned.changelog_offset = result.offsets.changelog_offset
+        lifecycle.transition_to(PartitionState.RUNNING)
+        log.info("partition restored (%d changelog records from offset %d), folding from %s",
+                 result.records, result.from_offset, committed,
+                 extra={"partition": partition, "offset": committed})
+        return owned
+
+    def _committed_offset(self, partition: int, deadline: Deadline) -> int | None:
+        tp = TopicPartition(self._settings.inputs_topic, partition)
+        while True:
+            try:
+                (found,) = self._consumer.committed([tp], timeout=deadline.timeout_for_call(10.0))
+            except KafkaException as exc:
+                error = translate(exc, operation=f"committed({tp.topic}[{partition}])")
+                if isinstance(error, RetriableError) and not deadline.expired():
+                    continue
+                raise error from exc
+            offset: int = found.offset
+            return None if offset == OFFSET_INVALID or offset < 0 else offset
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Commit (or abort) the open checkpoint within the revoke budget, then close."""
+        revoked = [tp.partition for tp in partitions if tp.partition in self._owned]
+        for partition in revoked:
+            self._owned[partition].lifecycle.transition_to(PartitionState.REVOKING)
+        self.commit_checkpoint(Deadline.after(self._settings.revoke_budget))
+        for partition in revoked:
+            self._close_partition(partition)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Lost, not revoked: another member may own them already, so commit nothing."""
+        lost = [tp.partition for tp in partitions if tp.partition in self._owned]
+        for partition in lost:
+            self._owned[partition].lifecycle.transition_to(PartitionState.REVOKING)
+        if self._checkpoint is not None:
+            self._abort(self._checkpoint, CheckpointAbortedError(f"partitions {lost} were lost"))
+        for partition in lost:
+            self._close_partition(partition)
+
+    def _close_partition(self, partition: int) -> None:
+        owned = self._owned.pop(partition)
+        if owned.lifecycle.state is not PartitionState.REVOKING:
+            owned.lifecycle.transition_to(PartitionState.REVOKING)
+        owned.task.close()
+        owned.lifecycle.transition_to(PartitionState.CLOSED)
+        log.info("partition closed", extra={"partition": partition, "offset": owned.committed})
+
+    # --- idleness -------------------------------------------------------------------
+
+    def _is_idle(self) -> bool:
+        """Caught up on every owned partition, nothing open, nothing in flight elsewhere."""
+        if not self._assigned_once or self._checkpoint is not None or self._is_busy():
+            return False
+        for partition, owned in self._owned.items():
+            if not owned.lifecycle.is_running():
+                return False
+            tp = TopicPartition(self._settings.inputs_topic, partition)
+            try:
+                # read_committed: the high watermark is the last stable offset.
+                _, end = self._consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)
+                (position,) = self._consumer.position([tp])
+            except KafkaException:
+                return False  # cannot tell now; the next idle poll asks again
+            reached = max(position.offset, owned.committed or 0)
+            if reached < end:
+                return False
+        return True
+
+    @property
+    def owned_partitions(self) -> list[int]:
+        """The partitions this instance owns now, in order."""
+        return sorted(self._owned)
+
+
+def _record_of(message: Message) -> InputRecord:
+    _, timestamp = message.timestamp()
+    return InputRecord(
+        topic=message.topic() or "",
+        partition=message.partition() or 0,
+        offset=message.offset() or 0,
+        key=message.key(),
+        value=message.value(),
+        timestamp=max(int(timestamp), 0),
+    )
+
+
+def _watched(operation: str, call: Callable[[float], T], timeout: float, grace: float) -> T:
+    """Run `call(timeout)` on a daemon thread; raise WatchdogExpiredError if it outlives timeout + grace."""
+    limit = timeout + grace
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call(timeout))
+        except BaseException as exc:  # handed to the caller's thread below
+            failure.append(exc)
+
+    # A daemon thread: if librdkafka never returns, the process can still exit.
+    worker = threading.Thread(target=target, name=f"torpor-{operation}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        raise WatchdogExpiredError(
+            f"{operation} did not return within {limit:.1f}s (its timeout plus the watchdog grace); "
+            "the producer's state is unknown. Exiting: a restart fences this producer and aborts "
+            "its open transaction."
+        )
+    if failure:
+        raise failure[0]
+    return outcome[0]

@@ -1,0 +1,238 @@
+"""Restore a partition's store from the compacted changelog, and check it against the group.
+
+Contract of `restore_partition(consumer, changelog, partition, task, deadline)`:
+
+1. It reads changelog partition `partition` with `consumer` (read_committed, never in a
+   group: it only `assign`s) from the record after the store's `changelog_offset` (from
+   offset 0 when the store is empty or was wiped) up to the partition's end, the last
+   stable offset as read_committed sees it.
+2. Each record is written to the store exactly as it is (key, value; a null value is a
+   delete), in batches of `batch_size`, each batch with the offsets it reaches, so an
+   interrupted restore resumes where it stopped.
+3. The loop's checkpoint record (`CHECKPOINT_KEY`, header `CHECKPOINT_HEADER`) is not a
+   store row: its value is the input offset its transaction committed, and it becomes
+   the store's `input_offset`. The loop writes one per partition in every checkpoint,
+   so the changelog alone says how far the inputs were folded, even when the store
+   missed the last write batch (a crash between the commit and RocksDB).
+
+It returns a `RestoreResult`. It raises `RetriableError` when the deadline passes before
+the end is reached (a transaction of a dead previous owner can hold the end back until
+the broker times it out) and `StoreCorruptedError` when the store claims a changelog
+offset past the changelog's end (the changelog was deleted or recreated: wipe the store).
+
+`check_offsets(stored, committed, ...)` is the gate before folding: the store's input
+offset must equal the group's committed offset, or folding would apply inputs twice or
+skip them. A mismatch after a complete restore cannot be repaired by restoring again, so
+it raises `OffsetMismatchError`, which names both offsets and what to do.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+
+from torpor.schemas.errors import RetriableError, StoreCorruptedError, TorporError
+from torpor.streams.deadline import Deadline
+from torpor.streams.errors import translate
+from torpor.streams.task import Change, StoredOffsets
+
+# The loop's per-partition checkpoint record on the changelog. Store layouts in Torpor
+# begin every key with a 4-byte big-endian length (processors/keys.py); 0xFFFFFFFF would
+# announce a 4 GiB thread id, which no Kafka record can carry, so this key never collides
+# with a row. The header makes the record unambiguous to a reader that does not know that.
+CHECKPOINT_KEY: Final = b"\xff\xff\xff\xfftorpor.checkpoint"
+CHECKPOINT_HEADER: Final = "torpor.checkpoint"
+_OFFSET: Final = struct.Struct(">q")
+
+# Records written to the store per batch while restoring: big enough to amortise the
+# write, small enough that an interrupted restore loses little work.
+RESTORE_BATCH: Final = 1000
+# One consume call's cap, so the deadline is checked between calls.
+_POLL_CAP_SECONDS: Final = 0.5
+
+
+def encode_checkpoint(input_offset: int) -> bytes:
+    """The value of a checkpoint record: the committed input offset, 8 bytes big-endian."""
+    return _OFFSET.pack(input_offset)
+
+
+def decode_checkpoint(value: bytes) -> int:
+    """The input offset a checkpoint record carries. Raises StoreCorruptedError if malformed."""
+    if len(value) != _OFFSET.size:
+        raise StoreCorruptedError(f"a changelog checkpoint record holds {len(value)} bytes, not 8")
+    offset: int = _OFFSET.unpack(value)[0]
+    return offset
+
+
+class RestoreTarget(Protocol):
+    """The part of a `PartitionTask` that restore writes to."""
+
+    def offsets(self) -> StoredOffsets: ...
+
+    def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None: ...
+
+    def wipe(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """What a restore did: the changelog range read and the offsets the store now holds."""
+
+    partition: int
+    from_offset: int
+    end_offset: int
+    records: int
+    offsets: StoredOffsets
+
+
+class OffsetMismatchError(TorporError):
+    """The store's input offset differs from the group's committed offset after restore.
+
+    Folding from either offset would apply inputs twice or skip some, and restoring again
+    cannot help, so the processor refuses to run: it exits with this message. It happens when the changelog
+    was deleted or truncated, or when someone reset the group's offsets by hand. To
+    rebuild, stop every instance, then either restore the group's offsets to the store's
+    or delete the changelog topic, the stores and the group together, and re-fold the
+    inputs from the beginning.
+    """
+
+
+def check_offsets(topic: str, partition: int, stored: int | None, committed: int | None) -> None:
+    """Refuse to fold unless the store's input offset equals the group's committed offset.
+
+    Both None (a new partition) is in step. Raises OffsetMismatchError otherwise.
+    """
+    if stored == committed:
+        return
+    raise OffsetMismatchError(
+        f"refusing to fold {topic}[{partition}]: the restored store says the next input is "
+        f"{_describe(stored)} but the consumer group committed {_describe(committed)}. "
+        "Folding now would apply inputs twice or skip them. Stop every instance; then either "
+        "reset the group's offset to the store's, or delete the changelog, the stores and the "
+        "group together and re-fold the inputs from the start."
+    )
+
+
+def _describe(offset: int | None) -> str:
+    return "nothing (never folded)" if offset is None else f"offset {offset}"
+
+
+def restore_partition(
+    consumer: Consumer,
+    changelog: str,
+    partition: int,
+    task: RestoreTarget,
+    deadline: Deadline,
+    *,
+    batch_size: int = RESTORE_BATCH,
+) -> RestoreResult:
+    """Bring `task`'s store up to the end of changelog `partition` (module docstring)."""
+    tp = TopicPartition(changelog, partition)
+    start = task.offsets()
+    low, end = _watermarks(consumer, tp, deadline)
+    first = 0 if start.changelog_offset is None else start.changelog_offset + 1
+    if first > end:
+        raise StoreCorruptedError(
+            f"store of {changelog}[{partition}] holds changelog offset {start.changelog_offset} but "
+            f"the changelog ends at {end}: the changelog was deleted or recreated. Wipe the store "
+            "and restore it from offset 0."
+        )
+    if first >= end:
+        return RestoreResult(partition, first, end, 0, start)
+    consumer.assign(
+        [TopicPartition(changelog, partition, max(first, low) if first > 0 else OFFSET_BEGINNING)]
+    )
+    try:
+        offsets, count = _read_to_end(consumer, tp, end, task, start, deadline, batch_size)
+    finally:
+        consumer.unassign()
+    return RestoreResult(partition, first, end, count, offsets)
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: Deadline) -> tuple[int, int]:
+    # With isolation.level=read_committed, the high watermark librdkafka reports is the
+    # last stable offset: records of a transaction still open are not restorable yet.
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                tp, timeout=deadline.timeout_for_call(5.0), cached=False
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = translate(exc, operation=f"get_watermark_offsets({tp.topic}[{tp.partition}])")
+            if not isinstance(error, RetriableError) or deadline.expired():
+                raise error from exc
+
+
+def _read_to_end(
+    consumer: Consumer,
+    tp: TopicPartition,
+    end: int,
+    task: RestoreTarget,
+    start: StoredOffsets,
+    deadline: Deadline,
+    batch_size: int,
+) -> tuple[StoredOffsets, int]:
+    offsets = start
+    pending: list[Change] = []
+    count = 0
+    position = 0
+    while position < end:
+        if deadline.expired():
+            if pending:
+                task.restore(pending, offsets)
+            raise RetriableError(
+                f"restore of {tp.topic}[{tp.partition}] reached offset {position} of {end} before its "
+                "deadline; an open transaction of a previous owner may hold the end back until the "
+                "broker aborts it (transaction.timeout.ms). Restore resumes from here."
+            )
+        messages = consumer.consume(batch_size, timeout=deadline.timeout_for_call(_POLL_CAP_SECONDS))
+        for message in messages:
+            position = max(position, _record(message, pending, tp) + 1)
+            if _is_checkpoint(message):
+                offsets = StoredOffsets(message.offset(), decode_checkpoint(message.value() or b""))
+            else:
+                offsets = StoredOffsets(message.offset(), offsets.input_offset)
+                count += 1
+        if len(pending) >= batch_size:
+            task.restore(pending, offsets)
+            pending = []
+        # Transaction markers take offsets of their own and are never delivered; the
+        # consumer's position moves past them, so it, not the last record, says "done".
+        position = max(position, _position(consumer, tp))
+    task.restore(pending, offsets)
+    return offsets, count
+
+
+def _record(message: Message, pending: list[Change], tp: TopicPartition) -> int:
+    error = message.error()
+    if error is not None:
+        raise translate(error, operation=f"restore consume {tp.topic}[{tp.partition}]")
+    offset = message.offset()
+    assert offset is not None  # a message without an error always has one
+    if not _is_checkpoint(message):
+        key = message.key()
+        if key is None:
+            raise StoreCorruptedError(
+                f"changelog {tp.topic}[{tp.partition}] offset {offset} has no key; only the processor "
+                "may write to the changelog. Wipe the store after removing the record's producer."
+            )
+        pending.append((key, message.value()))
+    result: int = offset
+    return result
+
+
+def _is_checkpoint(message: Message) -> bool:
+    headers = message.headers() or ()
+    names = headers.keys() if isinstance(headers, dict) else [name for name, _ in headers]
+    return message.key() == CHECKPOINT_KEY and CHECKPOINT_HEADER in names
+
+
+def _position(consumer: Consumer, tp: TopicPartition) -> int:
+    (current,) = consumer.position([tp])
+    result: int = current.offset
+    return result
