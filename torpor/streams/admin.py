@@ -37,7 +37,7 @@ from torpor.schemas.errors import ConfigError, RetriableError
 from torpor.streams.clients import check_reachable
 from torpor.streams.config import Settings
 from torpor.streams.deadline import Deadline
-from torpor.streams.errors import BrokerUnreachableError, TopicLayoutError, translate
+from torpor.streams.errors import BrokerUnreachableError, TopicLayoutError, kafka_error_of, translate
 from torpor.streams.topics import LAYOUTS, Topic, TopicNames, TopicSpec, topic_specs
 
 # A single admin request may take this long; the caller's deadline bounds the whole.
@@ -58,6 +58,10 @@ _CREATE_REFUSALS: Final[Mapping[int, str]] = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "grant this principal CREATE on the topic, or create it yourself",
     KafkaError.CLUSTER_AUTHORIZATION_FAILED: "grant this principal CREATE on the cluster, or create them",
 }
+# Metadata errors on a topic that waiting does not cure.
+_NOT_ALLOWED: Final[frozenset[int]] = frozenset(
+    {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +134,7 @@ def _create(
         except concurrent.futures.TimeoutError:
             raise BrokerUnreachableError(bootstrap, timeout, f"creating {name} got no answer") from None
         except KafkaException as exc:
-            error = exc.args[0]
+            error = kafka_error_of(exc)
             if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue  # another instance created it between our metadata read and now
             if error.code() in _CREATE_REFUSALS:
@@ -149,6 +153,13 @@ def _await_metadata(
     """Wait until every topic in `names` shows in the metadata with a leader on each partition."""
     while True:
         metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
+        for name in names:
+            topic = metadata.topics.get(name)
+            if topic is not None and topic.error is not None and topic.error.code() in _NOT_ALLOWED:
+                raise ConfigError(
+                    f"this client may not see topic {name} at {bootstrap}: {topic.error.str()}. "
+                    "Grant its principal DESCRIBE (and CREATE) on the Torpor topics."
+                )
         pending = [name for name in names if not _is_ready(metadata, name)]
         if not pending:
             return metadata

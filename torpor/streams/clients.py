@@ -13,6 +13,7 @@ The clients returned are confluent-kafka's own: their calls can still raise
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -22,11 +23,12 @@ from confluent_kafka.admin._metadata import ClusterMetadata  # the public name i
 from torpor.schemas.errors import ConfigError
 from torpor.streams.config import Settings, admin_config, consumer_config, producer_config
 from torpor.streams.deadline import Deadline
-from torpor.streams.errors import BrokerUnreachableError, translate
+from torpor.streams.errors import BrokerUnreachableError, kafka_error_of, translate
 
 # One metadata request waits at most this long, so that a broker still starting up (or a
 # first connection refused) is retried within the caller's deadline instead of once.
 REACHABILITY_CALL_SECONDS: Final = 5.0
+_RETRY_PAUSE: Final = 0.1
 
 # What librdkafka reports when no broker answered: keep trying until the deadline.
 _NO_ANSWER: Final[frozenset[int]] = frozenset(
@@ -103,8 +105,8 @@ def check_reachable(admin: AdminClient, deadline: Deadline, *, bootstrap_servers
         try:
             return admin.list_topics(timeout=deadline.timeout_for_call(REACHABILITY_CALL_SECONDS))
         except KafkaException as exc:
-            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            code = error.code() if error is not None else None
+            error = kafka_error_of(exc)
+            code = error.code()
             if code in _REFUSED:
                 raise ConfigError(
                     f"the cluster at {bootstrap_servers} refused the connection: {translate(exc)}. "
@@ -113,5 +115,7 @@ def check_reachable(admin: AdminClient, deadline: Deadline, *, bootstrap_servers
                 ) from exc
             if code not in _NO_ANSWER:
                 raise translate(exc, operation="list_topics") from exc
-            last_failure = error.str() if error is not None else str(exc)
+            last_failure = error.str()
+            # A refused connection can fail faster than the call's timeout: pause, don't spin.
+            time.sleep(min(_RETRY_PAUSE, deadline.remaining()))
     raise BrokerUnreachableError(bootstrap_servers, deadline.clock() - started, last_failure)

@@ -131,7 +131,7 @@ def translate(exc: KafkaException | KafkaError, *, operation: str = "kafka call"
     reads as "<operation> failed: <NAME> (code N): <description>. <what to do>".
     Returns the error; the caller raises it `from exc`, keeping the original as the cause.
     """
-    error = _error_of(exc)
+    error = kafka_error_of(exc)
     detail = KafkaErrorDetail.of(error)
     head = f"{operation} failed: {detail}"
     if error.fatal() or error.code() in FENCING_CODES:
@@ -150,7 +150,7 @@ def translate(exc: KafkaException | KafkaError, *, operation: str = "kafka call"
     return KafkaOperationError(head, detail)
 
 
-def _error_of(exc: KafkaException | KafkaError) -> KafkaError:
+def kafka_error_of(exc: KafkaException | KafkaError) -> KafkaError:
     """The `KafkaError` inside `exc`; a KafkaException raised with a bare string becomes `_FAIL`."""
     if isinstance(exc, KafkaError):
         return exc
