@@ -111,7 +111,8 @@ def check_offsets(topic: str, partition: int, stored: int | None, committed: int
     raise OffsetMismatchError(
         f"refusing to fold {topic}[{partition}]: the restored store says the next input is "
         f"{_describe(stored)} but the consumer group committed {_describe(committed)}. "
-        "Folding now would apply inputs twice or skip them. Stop every instance; then either "
+        "Folding now would apply inputs twice or skip them. If only this store is wrong, delete "
+        "its directory: it rebuilds from the changelog. Otherwise stop every instance and either "
         "reset the group's offset to the store's, or delete the changelog, the stores and the "
         "group together and re-fold the inputs from the start."
     )
