@@ -7,7 +7,7 @@ import pytest
 from torpor.streams.log import InProcessLog, LogTopic, partition_of
 from torpor.streams.partitioner import partition_for
 
-TOPIC = LogTopic("inputs", 4, str)
+TOPIC = LogTopic[str]("inputs", 4)
 
 
 def test_keyed_records_land_on_the_murmur2_partition_in_offset_order() -> None:
@@ -32,8 +32,8 @@ def test_a_topic_keeps_its_partition_count_and_range() -> None:
     log = InProcessLog()
     log.append(TOPIC, "k", "x")
     with pytest.raises(ValueError):
-        log.append(LogTopic("inputs", 2, str), "k", "x")
+        log.append(LogTopic[str]("inputs", 2), "k", "x")
     with pytest.raises(ValueError):
         log.read(TOPIC, 4, 0)
     with pytest.raises(ValueError):
-        LogTopic("none", 0, str)
+        LogTopic[str]("none", 0)

@@ -7,9 +7,10 @@ thread lands where any producer would put it) or to an explicit partition (loopb
 changelog records); each partition's records are numbered by offset from 0, in append
 order, and never change.
 
-Topics are typed (`LogTopic[V]`): the in-process log holds the record values
-themselves, so local mode pays no serialisation and a reader gets back exactly what was
-appended. Kafka mode serialises at its boundary with `torpor.schemas`' codec.
+Topics are typed (`LogTopic[V]`), and keys are text or bytes (changelog keys are store
+keys). The in-process log holds the record values themselves, so local mode pays no
+serialisation and a reader gets back exactly what was appended. Kafka mode serialises
+at its boundary with `torpor.schemas`' codec.
 
 `InProcessLog` is the real in-memory twin, shipped for local mode and tests. It has no
 transactions: local mode appends a step's outputs only after applying the step, which
@@ -26,15 +27,16 @@ from typing import Generic, Protocol, TypeVar
 from torpor.streams.partitioner import partition_for
 
 V = TypeVar("V")
+V_co = TypeVar("V_co", covariant=True)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: `LogTopic[Input](...)` sets `__orig_class__` on the instance
 class LogTopic(Generic[V]):
-    """A topic's name, partition count and value type (the type is for the checker)."""
+    """A topic's name and partition count; `V`, the value type, is for the checker:
+    `LogTopic[Input]("torpor.inputs", 4)`."""
 
     name: str
     partitions: int
-    value_type: type[V]
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -42,20 +44,22 @@ class LogTopic(Generic[V]):
 
 
 @dataclass(frozen=True, slots=True)
-class LogRecord(Generic[V]):
-    """One record as stored: where it is, its key and its value."""
+class LogRecord(Generic[V_co]):
+    """One record as stored: where it is, its key and its value (covariant: read-only)."""
 
     topic: str
     partition: int
     offset: int
-    key: str
-    value: V
+    key: str | bytes
+    value: V_co
 
 
 class Log(Protocol):
     """An append-only, partitioned log. Implemented by `InProcessLog` (and Kafka, later)."""
 
-    def append(self, topic: LogTopic[V], key: str, value: V, partition: int | None = None) -> LogRecord[V]:
+    def append(
+        self, topic: LogTopic[V], key: str | bytes, value: V, partition: int | None = None
+    ) -> LogRecord[V]:
         """Append `value` keyed by `key`, to `partition` or the key's partition; return it placed."""
         ...
 
@@ -70,9 +74,9 @@ class Log(Protocol):
         ...
 
 
-def partition_of(topic: LogTopic[V], key: str) -> int:
+def partition_of(topic: LogTopic[V], key: str | bytes) -> int:
     """The partition a keyed record of `topic` goes to: murmur2, as every producer computes it."""
-    return partition_for(key.encode("utf-8"), topic.partitions)
+    return partition_for(key.encode("utf-8") if isinstance(key, str) else key, topic.partitions)
 
 
 class InProcessLog:
@@ -91,12 +95,14 @@ class InProcessLog:
             raise ValueError(f"topic {topic.name!r} has no partition {partition}")
         return self._partitions.setdefault((topic.name, partition), [])
 
-    def append(self, topic: LogTopic[V], key: str, value: V, partition: int | None = None) -> LogRecord[V]:
+    def append(
+        self, topic: LogTopic[V], key: str | bytes, value: V, partition: int | None = None
+    ) -> LogRecord[V]:
         target = partition_of(topic, key) if partition is None else partition
         with self._lock:
             records = self._records(topic, target)
             record = LogRecord(topic.name, target, len(records), key, value)
-            records.append(record)  # type: ignore[arg-type]  # held as object, read back as V
+            records.append(record)  # held as object (covariant), read back as V
         return record
 
     def read(

@@ -1,0 +1,259 @@
+"""The model stage: runs committed completion requests beside the fold (DESIGN section 5).
+
+Contract. `ModelStage.submit(request)` is called only after the checkpoint that made the
+request has committed. The stage then, off the fold's path:
+
+1. reads the thread's state and model-visible history (from the latest summary on, up to
+   `request.history_len`) from the committed store, and drops the request if the thread
+   no longer awaits it (answered, interrupted, stopped: the fold moved on);
+2. calls the provider with the history, the system prompt and the tools (the thread's
+   own plus `BUILTIN_TOOLS`), publishing each live delta as an ephemeral `delta` event;
+3. publishes the finished turn as a `Completion` input, `message_id == request_id`,
+   source `processor`, so a second copy (a re-issue after a crash) is a duplicate.
+
+Transient provider errors are retried with bounded exponential backoff, each retry
+announced by an ephemeral `completion_retried` event; when the attempts are spent, or on
+a permanent error, the stage publishes an error `Completion`, which parks the thread
+loudly. `resume()` re-issues the requests of threads still `awaiting_model`, from the
+store's index, after a restart or a rebalance.
+
+Why asyncio: a completion is a long, I/O-bound stream, and providers' clients are
+async-native; one event loop holds hundreds of streams for the cost of a few tasks, an
+`asyncio.Semaphore` bounds how many run at once, and `cancel()` (revoke, shutdown) is a
+task cancellation rather than a thread that cannot be interrupted. Each request runs
+once per process: a request id already in flight is not started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from torpor.processors.builtins import BUILTIN_TOOLS
+from torpor.processors.effects import RequestCompletion
+from torpor.processors.model import (
+    CompletionRequest,
+    Finished,
+    ModelError,
+    ModelProvider,
+    TextDelta,
+    TransientModelError,
+)
+from torpor.processors.state import Status
+from torpor.processors.store import Store
+from torpor.processors.tables import awaiting_requests, load_state, visible_entries
+from torpor.schemas.ids import derive_id
+from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, Usage
+
+log = logging.getLogger(__name__)
+
+SOURCE: Final = "processor"
+
+
+@dataclass(frozen=True, slots=True)
+class StageConfig:
+    """How hard the stage works. Defaults suit one laptop and a hosted provider."""
+
+    concurrency: int = 16  # provider calls in flight at once: providers rate-limit per key
+    max_attempts: int = 4  # tries per request before an error Completion
+    backoff_initial_s: float = 0.5  # doubled per retry: rate limits clear in seconds
+    backoff_max_s: float = 8.0  # so the whole retry budget stays well under a minute
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.max_attempts < 1:
+            raise ValueError("the model stage needs concurrency >= 1 and max_attempts >= 1")
+        if not 0 <= self.backoff_initial_s <= self.backoff_max_s:
+            raise ValueError("backoff must satisfy 0 <= initial <= max")
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (1-based)."""
+        return float(min(self.backoff_max_s, self.backoff_initial_s * 2 ** (retry - 1)))
+
+
+class StageSink(Protocol):
+    """Where the stage's output goes: local mode's log, or the Kafka producer."""
+
+    def publish_event(self, event: ThreadEvent) -> None:
+        """An ephemeral event (deltas, retries), on the `events` topic."""
+        ...
+
+    def publish_completion(self, completion: Input) -> None:
+        """The finished (or failed) completion, on the `inputs` topic."""
+        ...
+
+
+class ModelStage:
+    """Runs completion requests against `provider`; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        provider: ModelProvider,
+        sink: StageSink,
+        clock: Callable[[], int],
+        config: StageConfig | None = None,
+    ) -> None:
+        self._store = store
+        self._provider = provider
+        self._sink = sink
+        self._clock = clock  # ms since the epoch: stamps the records the stage produces
+        self.config = config or StageConfig()
+        self._gate = asyncio.Semaphore(self.config.concurrency)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def submit(self, request: RequestCompletion) -> bool:
+        """Start `request` (committed) unless it is already in flight; True if started."""
+        if request.request_id in self._tasks:
+            return False
+        task = asyncio.get_running_loop().create_task(self._run(request), name=f"model:{request.request_id}")
+        self._tasks[request.request_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(request.request_id, None))
+        return True
+
+    def resume(self) -> int:
+        """Re-issue the requests of every thread still awaiting the model; return how many."""
+        started = 0
+        for request in list(awaiting_requests(self._store)):
+            state = load_state(self._store, request.thread_id)
+            if state is not None and state.pending_request == request.request_id and self.submit(request):
+                started += 1
+        return started
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def wait_idle(self) -> None:
+        """Wait until every submitted request has published its completion."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def cancel(self) -> None:
+        """Cancel every call in flight (revoke, shutdown): `resume` re-issues them later."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, request: RequestCompletion) -> None:
+        where = {"thread_id": request.thread_id, "message_id": request.request_id}
+        prepared = self._prepare(request)
+        if prepared is None:
+            log.info("completion request dropped: the thread no longer awaits it", extra=where)
+            return
+        async with self._gate:
+            completion = await self._attempts(prepared)
+        self._sink.publish_completion(completion)
+        failed = isinstance(completion.body, Completion) and completion.body.error is not None
+        log.log(logging.WARNING if failed else logging.DEBUG, "completion published", extra=where)
+
+    def _prepare(self, request: RequestCompletion) -> CompletionRequest | None:
+        state = load_state(self._store, request.thread_id)
+        if state is None or state.status is not Status.AWAITING_MODEL:
+            return None
+        if state.pending_request != request.request_id:
+            return None
+        history = visible_entries(self._store, request.thread_id, 0, request.history_len)
+        return CompletionRequest(
+            request_id=request.request_id,
+            thread_id=request.thread_id,
+            model=request.model,
+            system_prompt=state.config.system_prompt,
+            history=history,
+            tools=state.config.tools + BUILTIN_TOOLS,
+            parent=state.config.parent,
+        )
+
+    async def _attempts(self, request: CompletionRequest) -> Input:
+        last: ModelError | None = None
+        for attempt in range(1, self.config.max_attempts + 1):
+            try:
+                finished = await self._once(request, attempt)
+            except TransientModelError as exc:
+                last = exc
+                if attempt == self.config.max_attempts:
+                    break
+                delay = self.config.backoff(attempt)
+                self._retried(request, attempt, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            except ModelError as exc:
+                last = exc
+                break
+            except Exception as exc:  # a provider bug must not lose the request: fail it loudly
+                last = ModelError(f"{type(exc).__name__}: {exc}")
+                log.exception("provider raised an unexpected error", extra={"thread_id": request.thread_id})
+                break
+            return self._completion(request, finished, None)
+        assert last is not None
+        error = CompletionError(kind=last.kind, message=str(last), attempts=attempt)
+        return self._completion(request, None, error)
+
+    async def _once(self, request: CompletionRequest, attempt: int) -> Finished:
+        index = 0
+        async for output in self._provider.complete(request):
+            match output:
+                case TextDelta(text=text):
+                    self._sink.publish_event(
+                        self._event(request, "delta", f"{attempt}.{index}", text=text, data=None)
+                    )
+                    index += 1
+                case Finished():
+                    return output
+        raise TransientModelError(
+            f"the provider's stream ended without a finished turn ({request.request_id})"
+        )
+
+    def _retried(self, request: CompletionRequest, attempt: int, exc: ModelError, delay: float) -> None:
+        detail = json.dumps({"attempt": attempt, "error": str(exc), "retry_in_s": delay}, sort_keys=True)
+        self._sink.publish_event(
+            self._event(request, "completion_retried", str(attempt), text=None, data=detail)
+        )
+        log.warning(
+            "transient model error, retry %d in %.1fs: %s",
+            attempt,
+            delay,
+            exc,
+            extra={"thread_id": request.thread_id, "message_id": request.request_id},
+        )
+
+    def _event(
+        self, request: CompletionRequest, kind: str, label: str, text: str | None, data: str | None
+    ) -> ThreadEvent:
+        return ThreadEvent(
+            event_id=derive_id(request.request_id, kind, label),
+            thread_id=request.thread_id,
+            created_at=self._clock(),
+            kind=kind,
+            ephemeral=True,
+            seq=None,
+            entry=None,
+            text=text,
+            data=data,
+        )
+
+    def _completion(
+        self, request: CompletionRequest, finished: Finished | None, error: CompletionError | None
+    ) -> Input:
+        body = Completion(
+            request_id=request.request_id,
+            content=finished.content if finished else (),
+            tool_calls=finished.tool_calls if finished else (),
+            usage=finished.usage if finished else Usage(0, 0, 0),
+            model=finished.model if finished else request.model,
+            error=error,
+        )
+        return Input(
+            message_id=request.request_id,
+            thread_id=request.thread_id,
+            created_at=self._clock(),
+            source=SOURCE,
+            expires_at=None,
+            key_id=None,
+            signature=None,
+            body=body,
+        )

@@ -1,0 +1,175 @@
+"""Deterministic bytes for the store's row values: thread state, history entries, requests.
+
+Replay must be byte-identical: re-folding the inputs must write the same bytes to every
+row, so the changelog of a replay equals the original. The encoding is canonical JSON
+(sorted keys, no whitespace, UTF-8) driven by the dataclass fields and their type hints:
+
+- `str`, `int`, `bool`, `float`, None pass through; `bytes` is base64 text;
+- a `StrEnum` is its wire value;
+- `tuple[X, ...]` is a JSON array;
+- a dataclass is an object of its fields;
+- a union of two or more dataclasses is `{"type": <class name>, "value": {...}}`, so
+  the branch is named, never guessed from the fields (`TextBlock` and `ThinkingBlock`
+  both have `text`).
+
+Why not Avro for the state: `torpor.schemas.convert` maps the wire records, but
+`ThreadState` also holds enums and processor-local records that have no `.avsc`; the
+state is a private row of the processor, not a wire contract. History rows are wire
+records, so they use the schemas codec (`encode_value`: Avro single-object encoding,
+deterministic for a schema and value, and readable after the schema evolves).
+
+Plans are computed once per class (`functools.cache`). An unsupported field type
+raises `TypeError` on first use: a bug in the record definitions, not bad input.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import json
+import types
+import typing
+from collections.abc import Callable
+from enum import Enum
+from typing import Final, TypeVar
+
+from torpor.processors.effects import RequestCompletion
+from torpor.processors.state import ThreadState
+from torpor.schemas.codec import decode_value, encode_value
+from torpor.schemas.records import HistoryEntry, Input
+
+T = TypeVar("T")
+Json = object
+_Convert = Callable[[object], object]
+_SCALARS: Final = (str, int, bool, float, type(None))
+
+
+def _is_union(tp: object) -> bool:
+    return isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, _Convert, _Convert], ...]:
+    hints = typing.get_type_hints(cls)
+    plan = []
+    for field in dataclasses.fields(cls):
+        to, frm = _converter(hints[field.name], f"{cls.__name__}.{field.name}")
+        plan.append((field.name, to, frm))
+    return tuple(plan)
+
+
+def _identity(value: object) -> object:
+    return value
+
+
+def _converter(tp: object, where: str) -> tuple[_Convert, _Convert]:
+    """(to_json, from_json) for one field type."""
+    if tp in _SCALARS:
+        return _identity, _identity
+    if tp is bytes:
+        return (
+            lambda v: base64.b64encode(typing.cast(bytes, v)).decode("ascii"),
+            lambda d: base64.b64decode(typing.cast(str, d)),
+        )
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        enum_cls = tp
+        return (lambda v: typing.cast(Enum, v).value), (lambda d: enum_cls(d))
+    if _is_union(tp):
+        args = typing.get_args(tp)
+        members = tuple(a for a in args if a is not type(None))
+        optional = len(members) < len(args)
+        to, frm = _converter(members[0], where) if len(members) == 1 else _tagged(members, where)
+        if not optional:
+            return to, frm
+        return (lambda v: None if v is None else to(v)), (lambda d: None if d is None else frm(d))
+    if typing.get_origin(tp) is tuple:
+        args = typing.get_args(tp)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise TypeError(f"{where}: only tuple[X, ...] is supported, not {tp!r}")
+        item_to, item_from = _converter(args[0], where)
+        return (
+            lambda v: [item_to(x) for x in typing.cast(tuple[object, ...], v)],
+            lambda d: tuple(item_from(x) for x in typing.cast(list[object], d)),
+        )
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        cls = tp
+        return (lambda v: _record_to(v)), (lambda d: _record_from(cls, d))
+    raise TypeError(f"{where}: no canonical encoding for {tp!r}")
+
+
+def _tagged(members: tuple[object, ...], where: str) -> tuple[_Convert, _Convert]:
+    by_name: dict[str, type] = {}
+    for member in members:
+        if not (isinstance(member, type) and dataclasses.is_dataclass(member)):
+            raise TypeError(f"{where}: a union may hold only dataclasses (and None), not {member!r}")
+        by_name[member.__name__] = member
+
+    def to(value: object) -> object:
+        name = type(value).__name__
+        if by_name.get(name) is not type(value):
+            raise TypeError(f"{where}: {name} is not a branch of this union")
+        return {"type": name, "value": _record_to(value)}
+
+    def frm(datum: object) -> object:
+        tagged = typing.cast(dict[str, object], datum)
+        name = typing.cast(str, tagged["type"])
+        if name not in by_name:
+            raise ValueError(f"{where}: unknown union branch {name!r}")
+        return _record_from(by_name[name], tagged["value"])
+
+    return to, frm
+
+
+def _record_to(value: object) -> dict[str, object]:
+    cls: type = type(value)
+    return {name: to(getattr(value, name)) for name, to, _ in _fields(cls)}
+
+
+def _record_from(cls: type, datum: object) -> object:
+    raw = typing.cast(dict[str, object], datum)
+    return cls(**{name: frm(raw[name]) for name, _, frm in _fields(cls)})
+
+
+def encode(value: object) -> bytes:
+    """Canonical bytes of dataclass `value`: equal values give equal bytes."""
+    return json.dumps(_record_to(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode(cls: type[T], raw: bytes) -> T:
+    """The `cls` value `encode` wrote as `raw`."""
+    return typing.cast(T, _record_from(cls, json.loads(raw)))
+
+
+def encode_state(state: ThreadState) -> bytes:
+    return encode(state)
+
+
+def decode_state(raw: bytes) -> ThreadState:
+    return decode(ThreadState, raw)
+
+
+def encode_entry(entry: HistoryEntry) -> bytes:
+    """A history row: the wire record in Avro single-object encoding (schema-evolvable)."""
+    return encode_value(entry)
+
+
+def decode_entry(raw: bytes) -> HistoryEntry:
+    return decode_value(raw, HistoryEntry)
+
+
+def encode_request(request: RequestCompletion) -> bytes:
+    return encode(request)
+
+
+def decode_request(raw: bytes) -> RequestCompletion:
+    return decode(RequestCompletion, raw)
+
+
+def encode_input(record: Input) -> bytes:
+    """An input in the same canonical form (local mode's log, recordings, tests)."""
+    return encode(record)
+
+
+def decode_input(raw: bytes) -> Input:
+    return decode(Input, raw)

@@ -1,0 +1,313 @@
+"""`step`: the fold's batch entry point, shared by local mode and the Kafka processor.
+
+Contract. `step(store, records)` folds `records` (inputs of one partition, in offset
+order) one at a time and returns a `StepOutput`: everything the checkpoint must write.
+For each record it
+
+1. loads the thread's state from `store` (nothing is cached per thread between inputs or
+   calls: an idle thread costs no memory, and the store, or the overlay over it, is the
+   only place state lives);
+2. looks up the `Facts`: was the message id seen, the provenance verdict of the
+   `Verifier`, the attempt number;
+3. calls `fold(state, input, facts)`;
+4. interprets every effect (a `match` closed by `assert_never`) into store writes and
+   output records, and writes the new state row (deleting the thread's rows when the
+   new state is None).
+
+Writes go to a per-input `Overlay` over `store`, then into `store` itself through
+`store.apply`: pass an `Overlay` (as the processor does) and nothing reaches the disk
+before the checkpoint commits; `StepOutput.changes` lists the same writes as changelog
+records (key bytes, value bytes or None for a tombstone).
+
+Failures. If `fold` or the interpretation of its effects raises, that input's writes are
+dropped and it is tried again, up to `max_attempts` times (`Facts.attempt` counts them,
+so the receipt shows `retry_count`); then `park_on_failure` parks the thread with the
+error as its reason and the input is recorded in `StepOutput.parked`. A poison input
+therefore costs a bounded number of attempts and a loud receipt: never a crash loop,
+never a silent loss. Only a failure of `park_on_failure` itself propagates (a bug in
+the fold's last line of defence: the checkpoint must abort).
+
+Provenance: `Verifier.verify` gives the verdict the fold sees. `SourceVerifier`, the
+default, checks no signatures: signing and key rings are issue 5. It judges every
+input `unsigned`, so the fold decides by source what unsigned input it accepts
+(DESIGN 2.7: connector, timer and operator inputs need signatures by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol, assert_never
+
+from torpor.processors import keys
+from torpor.processors.effects import (
+    AppendHistory,
+    DispatchTool,
+    EmitEvent,
+    EmitReceipt,
+    Loopback,
+    RememberInput,
+    RequestCompletion,
+    SpawnChild,
+)
+from torpor.processors.fold import fold, park_on_failure
+from torpor.processors.state import Facts, Status, ThreadState, Transition
+from torpor.processors.statecodec import encode_entry, encode_request, encode_state
+from torpor.processors.store import Change, Overlay, Store
+from torpor.processors.tables import is_seen, load_state, visible_entries
+from torpor.schemas.records import (
+    UNSIGNED,
+    CreateThread,
+    Dispatch,
+    Input,
+    Receipt,
+    SummaryEntry,
+    ThreadConfig,
+    ThreadEvent,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS: Final = 3
+"""Tries per input before its thread is parked: a pure fold that raised once will raise
+again, so retries only help against shell-side faults; three keeps a poison input cheap."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One input to fold, with where it was read from (filled into its receipt)."""
+
+    input: Input
+    partition: int | None = None
+    offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedInput:
+    """An input whose fold kept failing: it went to `parked` with its error (DESIGN 3)."""
+
+    record: StepRecord
+    reason: str
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What one `step` produced, in fold order: the checkpoint writes all of it or none.
+
+    `changes`: store writes, also the changelog records. `dispatches`: the outbox.
+    `loopbacks`: inputs for the `inputs` topic (children, parents, the thread itself).
+    `events` and `receipts`: their topics (one receipt per input). `completions`: work
+    for the model stage, to run only after the commit. `parked`: inputs whose fold failed.
+    """
+
+    changes: tuple[Change, ...] = ()
+    dispatches: tuple[Dispatch, ...] = ()
+    loopbacks: tuple[Input, ...] = ()
+    events: tuple[ThreadEvent, ...] = ()
+    receipts: tuple[Receipt, ...] = ()
+    completions: tuple[RequestCompletion, ...] = ()
+    parked: tuple[ParkedInput, ...] = ()
+
+
+class Verifier(Protocol):
+    """Decides an input's provenance verdict before the fold sees it (DESIGN 2.7)."""
+
+    def verify(self, record: Input) -> str:
+        """One of `verified`, `unsigned`, `forged`, `expired`, `unbound`."""
+        ...
+
+
+class SourceVerifier:
+    """The default verdict until signing lands (issue 5): every input is `unsigned`.
+
+    Unsigned input is what users (`user:`) and the processor's own loopback
+    (`processor`) send; connector, timer and operator inputs are marked `unsigned` too,
+    never `verified`, so the fold's policy for unsigned sources is what applies. A
+    signature is present but not checked: it is logged, and the verdict stays `unsigned`.
+    """
+
+    def verify(self, record: Input) -> str:
+        if record.signature is not None:
+            log.debug(
+                "signature not checked (signing is not implemented yet)",
+                extra={"thread_id": record.thread_id, "message_id": record.message_id},
+            )
+        return UNSIGNED
+
+
+@dataclass(slots=True)
+class _Collected:
+    """The step's outputs as they accumulate (local to one `step` call)."""
+
+    dispatches: list[Dispatch] = dataclasses.field(default_factory=list)
+    loopbacks: list[Input] = dataclasses.field(default_factory=list)
+    events: list[ThreadEvent] = dataclasses.field(default_factory=list)
+    receipts: list[Receipt] = dataclasses.field(default_factory=list)
+    completions: list[RequestCompletion] = dataclasses.field(default_factory=list)
+    parked: list[ParkedInput] = dataclasses.field(default_factory=list)
+
+
+def step(
+    store: Store,
+    records: Sequence[StepRecord],
+    *,
+    verifier: Verifier | None = None,
+    default_config: ThreadConfig | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> StepOutput:
+    """Fold `records` in order over `store`; return what the checkpoint must write.
+
+    `default_config` is what a first `UserMessage` may create an unknown thread with.
+    Raises only if `park_on_failure` itself fails (abort the checkpoint).
+    """
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
+    judge = verifier or SourceVerifier()
+    batch = Overlay(store)
+    out = _Collected()
+    for record in records:
+        _fold_one(batch, record, judge.verify(record.input), default_config, max_attempts, out)
+    changes = batch.changes()
+    store.apply(changes)
+    return StepOutput(
+        changes=changes,
+        dispatches=tuple(out.dispatches),
+        loopbacks=tuple(out.loopbacks),
+        events=tuple(out.events),
+        receipts=tuple(out.receipts),
+        completions=tuple(out.completions),
+        parked=tuple(out.parked),
+    )
+
+
+def _fold_one(
+    batch: Overlay,
+    record: StepRecord,
+    provenance: str,
+    default_config: ThreadConfig | None,
+    max_attempts: int,
+    out: _Collected,
+) -> None:
+    item = record.input
+    where: dict[str, object] = {
+        "thread_id": item.thread_id,
+        "partition": record.partition,
+        "offset": record.offset,
+        "message_id": item.message_id,
+    }
+    error = "unknown"
+    for attempt in range(max_attempts):
+        scratch = Overlay(batch)  # this input's writes, dropped if anything below raises
+        mark = _Collected()
+        try:
+            state = load_state(scratch, item.thread_id)
+            facts = Facts(
+                seen=is_seen(scratch, item.thread_id, item.message_id),
+                provenance=provenance,
+                attempt=attempt,
+                default_config=default_config,
+            )
+            transition = fold(state, item, facts)
+            _interpret(scratch, record, state, transition, mark)
+        except Exception as exc:  # any bug in the fold or the shell: bounded, then parked
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("fold failed (attempt %d of %d): %s", attempt + 1, max_attempts, error, extra=where)
+            continue
+        scratch.commit()
+        _merge(out, mark)
+        log.debug("folded", extra={**where, "disposition": mark.receipts[-1].disposition})
+        return
+    # Bounded retries are spent: park the thread loudly through the fold's own last resort.
+    scratch = Overlay(batch)
+    mark = _Collected()
+    state = load_state(scratch, item.thread_id)
+    transition = park_on_failure(state, item, error, max_attempts)
+    _interpret(scratch, record, state, transition, mark)
+    scratch.commit()
+    _merge(out, mark)
+    out.parked.append(ParkedInput(record, error, max_attempts))
+    log.error(
+        "input parked after %d attempts: %s", max_attempts, error, extra={**where, "disposition": "parked"}
+    )
+
+
+def _merge(out: _Collected, mark: _Collected) -> None:
+    out.dispatches.extend(mark.dispatches)
+    out.loopbacks.extend(mark.loopbacks)
+    out.events.extend(mark.events)
+    out.receipts.extend(mark.receipts)
+    out.completions.extend(mark.completions)
+
+
+def _interpret(
+    rows: Overlay, record: StepRecord, before: ThreadState | None, transition: Transition, out: _Collected
+) -> None:
+    """Turn one transition into writes on `rows` and records in `out`."""
+    thread_id = record.input.thread_id
+    if transition.state is None and before is not None:
+        # The thread is deleted: tombstone every row it had (the changelog mirrors them).
+        for key, _ in list(rows.iterate(keys.thread_prefix(thread_id))):
+            rows.delete(key)
+    requested: RequestCompletion | None = None
+    for effect in transition.effects:
+        match effect:
+            case AppendHistory(entry=entry):
+                rows.put(keys.history_key(thread_id, entry.seq), encode_entry(entry))
+                if isinstance(entry.body, SummaryEntry):
+                    rows.put(keys.summary_key(thread_id), keys.encode_seq(entry.seq))
+            case RememberInput(message_id=message_id):
+                rows.put(keys.seen_key(thread_id, message_id), b"")
+            case SpawnChild():
+                out.loopbacks.append(_creation(rows, thread_id, effect))
+            case Loopback(input=loopback):
+                out.loopbacks.append(loopback)
+            case DispatchTool(dispatch=dispatch):
+                out.dispatches.append(dispatch)
+            case EmitEvent(event=event):
+                out.events.append(event)
+            case EmitReceipt(receipt=receipt):
+                out.receipts.append(
+                    dataclasses.replace(receipt, input_partition=record.partition, input_offset=record.offset)
+                )
+            case RequestCompletion():
+                requested = effect
+                out.completions.append(effect)
+            case _:
+                assert_never(effect)
+    if not out.receipts:
+        raise RuntimeError(f"the fold returned no receipt for input {record.input.message_id}")
+    _write_state(rows, thread_id, transition.state, requested)
+
+
+def _write_state(
+    rows: Overlay, thread_id: str, state: ThreadState | None, requested: RequestCompletion | None
+) -> None:
+    if state is not None:
+        rows.put(keys.state_key(thread_id), encode_state(state))
+    elif rows.get(keys.state_key(thread_id)) is not None:
+        rows.delete(keys.state_key(thread_id))
+    # The awaiting-model index: one row per thread with a completion in flight, so a
+    # restarted model stage re-issues exactly those requests without scanning all threads.
+    index = keys.awaiting_model_key(thread_id)
+    if requested is not None and requested.thread_id == thread_id:
+        rows.put(index, encode_request(requested))
+    elif (state is None or state.status is not Status.AWAITING_MODEL) and rows.get(index) is not None:
+        rows.delete(index)
+
+
+def _creation(rows: Overlay, thread_id: str, spawn: SpawnChild) -> Input:
+    """The child's `CreateThread`, carrying the parent's model-visible entries of the range."""
+    inherited = visible_entries(rows, thread_id, spawn.from_seq, spawn.up_to_seq)
+    return Input(
+        message_id=spawn.message_id,
+        thread_id=spawn.child_thread_id,
+        created_at=spawn.created_at,
+        source="processor",
+        expires_at=None,
+        key_id=None,
+        signature=None,
+        body=CreateThread(config=spawn.config, inherited=inherited, initial=spawn.initial),
+    )

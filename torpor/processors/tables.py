@@ -1,0 +1,94 @@
+"""Typed reads of the store's rows (layout in `keys.py`, bytes in `statecodec.py`).
+
+The step and the model stage both read a thread's state and history from a `Store` (or
+an `Overlay`, which sees the checkpoint's pending writes). These functions are the one
+place that knows how a row's bytes become a value, so neither caller decodes keys itself.
+
+Model-visible history (the rule of `history.py`): the latest `SummaryEntry`, then every
+non-summary entry whose `seq >= summary.up_to_seq`; with no summary, every entry. The
+step keeps the seq of the latest summary in the thread's `C` row, so finding it costs
+one read, not a scan of the whole history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torpor.processors import keys
+from torpor.processors.effects import RequestCompletion
+from torpor.processors.state import ThreadState
+from torpor.processors.statecodec import decode_entry, decode_request, decode_state
+from torpor.processors.store import Store
+from torpor.schemas.records import HistoryEntry, SummaryEntry
+
+
+def load_state(store: Store, thread_id: str) -> ThreadState | None:
+    """The thread's state, or None when the thread does not exist (or was deleted)."""
+    raw = store.get(keys.state_key(thread_id))
+    return None if raw is None else decode_state(raw)
+
+
+def is_seen(store: Store, thread_id: str, message_id: str) -> bool:
+    """Whether `message_id` was remembered for the thread (a copy of it is a duplicate)."""
+    return store.get(keys.seen_key(thread_id, message_id)) is not None
+
+
+def read_entries(
+    store: Store, thread_id: str, from_seq: int = 0, up_to_seq: int | None = None
+) -> Iterator[HistoryEntry]:
+    """Stored history entries with `from_seq <= seq < up_to_seq`, in seq order."""
+    start = keys.history_key(thread_id, from_seq)
+    for key, raw in store.iterate(keys.history_prefix(thread_id), start):
+        if up_to_seq is not None and keys.seq_of_history_key(key) >= up_to_seq:
+            return
+        yield decode_entry(raw)
+
+
+def read_entry(store: Store, thread_id: str, seq: int) -> HistoryEntry | None:
+    raw = store.get(keys.history_key(thread_id, seq))
+    return None if raw is None else decode_entry(raw)
+
+
+def latest_summary_seq(store: Store, thread_id: str) -> int | None:
+    raw = store.get(keys.summary_key(thread_id))
+    return None if raw is None else keys.decode_seq(raw)
+
+
+def visible_entries(
+    store: Store, thread_id: str, from_seq: int = 0, up_to_seq: int | None = None
+) -> tuple[HistoryEntry, ...]:
+    """The model-visible entries of `[from_seq, up_to_seq)`: from the latest summary in range on."""
+    summary_seq = latest_summary_seq(store, thread_id)
+    in_range = (
+        summary_seq is not None and summary_seq >= from_seq and (up_to_seq is None or summary_seq < up_to_seq)
+    )
+    if summary_seq is not None and not in_range:
+        # The latest summary is outside the range: scan for one inside it (a spawn over an
+        # older stretch of history, rare), else read the range as it is.
+        entries = tuple(read_entries(store, thread_id, from_seq, up_to_seq))
+        return _from_latest_summary(entries)
+    if summary_seq is None:
+        return tuple(read_entries(store, thread_id, from_seq, up_to_seq))
+    summary = read_entry(store, thread_id, summary_seq)
+    assert summary is not None and isinstance(summary.body, SummaryEntry), "the C row names a summary"
+    start = max(from_seq, summary.body.up_to_seq)
+    rest = (
+        e for e in read_entries(store, thread_id, start, up_to_seq) if not isinstance(e.body, SummaryEntry)
+    )
+    return (summary, *rest)
+
+
+def _from_latest_summary(entries: tuple[HistoryEntry, ...]) -> tuple[HistoryEntry, ...]:
+    summaries = [e for e in entries if isinstance(e.body, SummaryEntry)]
+    if not summaries:
+        return entries
+    latest = summaries[-1]
+    assert isinstance(latest.body, SummaryEntry)
+    cut = latest.body.up_to_seq
+    return (latest, *(e for e in entries if not isinstance(e.body, SummaryEntry) and e.seq >= cut))
+
+
+def awaiting_requests(store: Store) -> Iterator[RequestCompletion]:
+    """The completion requests of threads still `awaiting_model` (re-issued after a restart)."""
+    for _, raw in store.iterate(keys.awaiting_model_prefix()):
+        yield decode_request(raw)
