@@ -22,7 +22,7 @@ from typing import Final
 import fastjsonschema
 
 from torpor.processors import builtins as b
-from torpor.processors.children import CHILD, COMPACTION, child_config, is_root
+from torpor.processors.children import CHILD, child_config, is_root
 from torpor.processors.draft import Draft, json_text, text
 from torpor.processors.state import CallKind, ChildRef, PendingCall
 from torpor.schemas.records import (
@@ -143,7 +143,7 @@ def _run_builtin(draft: Draft, call: ToolCall, turn_seq: int) -> CallOutcome:
             return CallOutcome.ANSWERED
         answer(draft, call, b.THREAD_CLOSED)
         report = args.get("report")
-        draft.reason = str(report) if isinstance(report, str) and report else None
+        draft.close_report = report if isinstance(report, str) and report else None
         return CallOutcome.CLOSE
     if call.name == b.SEND_MESSAGE_TO_CHILD:
         child_id = str(args["thread_id"])
@@ -181,7 +181,7 @@ def _spawn(draft: Draft, call: ToolCall, instructions: str, turn_seq: int) -> Ca
         answer(draft, call, b.CONFUSED_CHILD, ok=False)
         return CallOutcome.ANSWERED
     budget = state.config.budgets.max_children
-    live = sum(1 for c in state.children if c.kind != COMPACTION)
+    live = sum(1 for c in state.children if c.kind == CHILD)  # temporary children do not count
     if budget is not None and live >= budget:
         answer(draft, call, b.TOO_MANY_CHILDREN, ok=False)
         return CallOutcome.ANSWERED

@@ -67,6 +67,7 @@ class Draft:
     released: bool = False
     deleted: bool = False
     reason: str | None = None
+    close_report: str | None = None  # set by a valid close_thread call; fold.py closes
     _counter: int = 0
 
     @property

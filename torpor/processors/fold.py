@@ -253,10 +253,11 @@ def _release(draft: Draft) -> None:
             queue = draft.state.deferred
             draft.replace(deferred=queue[:index] + queue[index + 1:])
             _derive_status(draft)
-            outer, was_released = draft.current, draft.released
+            # The released input is folded through its own row; the outer receipt keeps its reason.
+            outer, was_released, reason = draft.current, draft.released, draft.reason
             draft.current, draft.released = held, True
             disposition = _run_row(draft)
-            draft.current, draft.released = outer, was_released
+            draft.current, draft.released, draft.reason = outer, was_released, reason
             draft.emit("released", data={"message_id": held.message_id, "disposition": disposition})
             _derive_status(draft)
             progress = True
@@ -289,7 +290,7 @@ def on_completion(draft: Draft) -> str:
     outcomes = [run_call(draft, call, entry.seq) for call in body.tool_calls]
     draft.replace(owes_turn=bool(outcomes))
     if CallOutcome.CLOSE in outcomes:
-        _close(draft, draft.reason)
+        _close(draft, draft.close_report)
         return APPLIED
     if CallOutcome.REFUSED in outcomes:
         rounds = draft.state.invalid_rounds + 1
@@ -390,7 +391,6 @@ def _close(draft: Draft, report: str | None) -> None:
         report_terminal(draft, "closed", report)
     draft.replace(status=Status.CLOSED, owes_turn=False, deferred=())
     draft.emit("closed", detail=report)
-    draft.reason = None
 
 
 
