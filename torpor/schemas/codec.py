@@ -55,8 +55,6 @@ TOP_LEVEL: Final = ("Input", "Dispatch", "ThreadEvent", "Receipt", "HistoryEntry
 HISTORY_DIR: Final = "history"
 """Older versions of the top-level schemas, kept so their fingerprints stay readable."""
 
-JsonSchema = dict[str, object] | list[object] | str
-
 
 @dataclass(frozen=True, slots=True)
 class KnownSchema:
@@ -64,8 +62,10 @@ class KnownSchema:
 
     `schema` is the schema as shipped (self-contained, with docs and logical types),
     `text` its JSON (what is registered), `fingerprint` the CRC-64-AVRO of its Parsing
-    Canonical Form (8 little-endian bytes), and `parsed` the fastavro form the codec
-    uses (logical types removed).
+    Canonical Form (8 little-endian bytes; what this build writes), and `parsed` the
+    fastavro form the codec uses (logical types removed). `also_known_as` holds the
+    fingerprint that libraries keeping logical types in the canonical form compute
+    (see `framing.parsing_canonical_form`), when it differs: readers accept it too.
     """
 
     name: str
@@ -73,6 +73,7 @@ class KnownSchema:
     text: str
     fingerprint: bytes
     parsed: dict[str, object]
+    also_known_as: tuple[bytes, ...] = ()
 
 
 def _strip_logical(schema: object) -> object:
@@ -92,7 +93,8 @@ def make_known(schema: dict[str, object]) -> KnownSchema:
     Raises `ContractError` if fastavro rejects the schema.
     """
     try:
-        canonical = fastavro.schema.to_parsing_canonical_form(schema)
+        canonical = framing.parsing_canonical_form(schema)
+        variant = framing.parsing_canonical_form(schema, logical_as_object=True)
         parsed = fastavro.parse_schema(
             typing.cast(dict[str, object], _strip_logical(schema)), named_schemas={}
         )
@@ -108,6 +110,7 @@ def make_known(schema: dict[str, object]) -> KnownSchema:
         text=json.dumps(schema, separators=(",", ":")),
         fingerprint=framing.crc64_avro(canonical.encode()),
         parsed=parsed,
+        also_known_as=() if variant == canonical else (framing.crc64_avro(variant.encode()),),
     )
 
 
@@ -195,9 +198,7 @@ class Catalog:
                 assert isinstance(standalone, dict)
                 schema = {**standalone, "namespace": NAMESPACE}
             current[name] = make_known(schema)
-        return cls(current=current, by_fingerprint={k.fingerprint: k for k in current.values()}).with_writers(
-            writer_only
-        )
+        return cls(current=current, by_fingerprint={})._with_known(current.values()).with_writers(writer_only)
 
     def with_writers(self, schemas: Iterable[dict[str, object]]) -> Catalog:
         """This catalog, also able to read values written with `schemas` (self-contained).
@@ -206,10 +207,14 @@ class Catalog:
         a new schema out to readers (here, or as a file under `schemas/history/`) before
         any writer uses it. Raises `ContractError` if a schema does not parse.
         """
+        return self._with_known([make_known(schema) for schema in schemas])
+
+    def _with_known(self, knowns: Iterable[KnownSchema]) -> Catalog:
         by_fingerprint = dict(self.by_fingerprint)
-        for schema in schemas:
-            known = make_known(schema)
-            by_fingerprint.setdefault(known.fingerprint, known)
+        for known in knowns:
+            for fingerprint in (known.fingerprint, *known.also_known_as):
+                # First come, first kept: a current schema is never shadowed by an old one.
+                by_fingerprint.setdefault(fingerprint, known)
         return Catalog(current=self.current, by_fingerprint=by_fingerprint)
 
     def schema_for(self, cls: type) -> KnownSchema:

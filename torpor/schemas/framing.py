@@ -17,6 +17,7 @@ truncated header, or an unknown magic byte. It never looks at the body.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Final
 
@@ -54,6 +55,72 @@ def crc64_avro(data: bytes) -> bytes:
     for byte in data:
         fp = (fp >> 8) ^ _FP_TABLE[(fp ^ byte) & 0xFF]
     return fp.to_bytes(8, "little")
+
+
+_PRIMITIVES: Final = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+_CANONICAL_KEYS: Final = ("name", "type", "fields", "symbols", "items", "values", "size")
+
+
+def parsing_canonical_form(schema: object, *, logical_as_object: bool = False) -> str:
+    """The Parsing Canonical Form of `schema` (Avro specification), as compact JSON.
+
+    With `logical_as_object`, a primitive with a logical type is written
+    ``{"type":"long"}`` instead of ``"long"``. That is not the specification (Java,
+    fastavro and this function by default write ``"long"``), but some libraries do it
+    (Apache Avro for Python 1.12, goavro), so their fingerprints of a schema with
+    timestamps differ; readers also accept that variant's fingerprint.
+    """
+    return _pcf(schema, "", logical_as_object)
+
+
+def _full(name: str, namespace: str) -> str:
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _pcf(node: object, namespace: str, logical_as_object: bool) -> str:
+    if isinstance(node, str):
+        return json.dumps(node if node in _PRIMITIVES else _full(node, namespace))
+    if isinstance(node, list):
+        return "[" + ",".join(_pcf(n, namespace, logical_as_object) for n in node) + "]"
+    if not isinstance(node, dict):
+        raise ValueError(f"not an Avro schema: {node!r}")
+    kind = node["type"]
+    if isinstance(kind, str) and kind in _PRIMITIVES:
+        if logical_as_object and "logicalType" in node:
+            return '{"type":' + json.dumps(kind) + "}"
+        return json.dumps(kind)
+    if not isinstance(kind, str):
+        return _pcf(kind, namespace, logical_as_object)
+    if "name" in node:
+        full = _full(str(node["name"]), str(node.get("namespace", namespace)))
+        namespace = full.rpartition(".")[0]
+    parts = []
+    for key in _CANONICAL_KEYS:
+        if key not in node:
+            continue
+        value = node[key]
+        if key == "name":
+            text = json.dumps(full)
+        elif key == "fields":
+            assert isinstance(value, list)
+            text = (
+                "["
+                + ",".join(
+                    '{"name":'
+                    + json.dumps(f["name"])
+                    + ',"type":'
+                    + _pcf(f["type"], namespace, logical_as_object)
+                    + "}"
+                    for f in value
+                )
+                + "]"
+            )
+        elif key in ("items", "values"):
+            text = _pcf(value, namespace, logical_as_object)
+        else:
+            text = json.dumps(value, separators=(",", ":"))
+        parts.append(json.dumps(key) + ":" + text)
+    return "{" + ",".join(parts) + "}"
 
 
 @dataclass(frozen=True, slots=True)
