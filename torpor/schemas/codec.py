@@ -10,12 +10,19 @@ Contract:
 - `encode_value(record) -> bytes` / `decode_value(data, cls, ...)`: the no-registry
   path. Values are written in single-object encoding (``C3 01`` + CRC-64-AVRO
   fingerprint + body). Reading resolves the writer schema, found by its fingerprint
-  among the schemas this build knows (the current ones and `schemas/history/*.avsc`),
-  to the reader schema of `cls`.
-- `Codec(registry)`: configured once. With a `SchemaRegistry` it writes the Confluent
-  wire format, registering each schema under subject ``<topic>-value``; without one it
-  writes single-object encoding. It reads both framings in either configuration
-  (Confluent-framed values need a registry to be read).
+  among the schemas this build holds (the current ones and `schemas/history/*.avsc`),
+  to the reader schema of `cls`. The specification's fingerprint is written; the variant
+  some libraries compute (logical types kept in the canonical form) is accepted too.
+- `Codec(registry, catalog)`: configured once. With a `SchemaRegistry` it writes the
+  Confluent wire format, registering each schema under subject ``<topic>-value``;
+  without one it writes single-object encoding. It reads both framings in either
+  configuration (Confluent-framed values need a registry to be read). `catalog`
+  defaults to the shipped schemas (`shipped_catalog()`).
+
+Schema files: one self-contained file per top-level record (`TOP_LEVEL`); each defines
+every named type it uses at its first use, so any Avro library parses any file alone.
+Nested records (`TextBlock`, `Capability`, ...) get a standalone schema derived from
+their definition, so `canonical_bytes` and framing work for them as well.
 
 Every decoding failure raises `DecodeError` naming topic, partition, offset and the
 cause: bad framing, an unknown fingerprint or schema id, truncated or trailing bytes, a
@@ -26,7 +33,8 @@ the producer, not a condition to retry).
 Timestamps: the schemas mark ms times as ``timestamp-millis`` for other languages. The
 codec parses its schemas with logical types removed, so times stay plain `int` ms, as
 `records.py` declares them; the bytes and fingerprints are the same (Parsing Canonical
-Form drops logical types).
+Form drops logical types). Schema evolution must be backward and forward compatible;
+`tests/schemas/test_evolution.py` checks it and pins the current fingerprints.
 """
 
 from __future__ import annotations
