@@ -20,7 +20,10 @@ How it works:
    its own), then requests one completion if history holds input the model has not
    answered and nothing is pending, and derives the status.
 4. `_finish` bumps `thread_version` when the state changed, remembers the message id
-   (unless it was a duplicate or rejected, so a valid copy can still come), and appends
+   (every verdict counts, rejections too: a copy arriving after the state moved on must
+   not be judged again; only a provenance rejection is not remembered, because the
+   genuine record with that id may still come, and nothing is remembered for a thread
+   that does not exist), and appends
    the one receipt, last. The receipt is built in one place so "exactly one receipt,
    last" holds by construction, and released inputs reuse the handlers without one.
 
@@ -136,7 +139,7 @@ def fold(state: ThreadState | None, input: Input, facts: Facts) -> Transition:
     if state is None:
         return _fold_absent(input, facts)
     if state.thread_id != input.thread_id:
-        return _receipt_only(state, input, facts, rejected("wrong_thread"), None)
+        return _receipt_only(state, input, facts, rejected("wrong_thread"), None, remember=True)
     draft = Draft(state=state, origin=input, facts=facts, current=input)
     return _finish(draft, state, _run_row(draft))
 
@@ -176,8 +179,7 @@ def _finish(draft: Draft, before: ThreadState | None, disposition: str) -> Trans
     if after is not None and after != before:
         after = dataclasses.replace(after, version=(before.version if before else 0) + 1)
     effects = list(draft.effects)
-    if disposition != DUPLICATE and not disposition.startswith("rejected:"):
-        effects.append(RememberInput(draft.origin.message_id))
+    effects.append(RememberInput(draft.origin.message_id))
     receipt = build_receipt(draft.origin, draft.facts, disposition, draft.reason, before, after,
                             tuple(draft.tool_request_ids), draft.turn_commit)
     if draft.deleted:
@@ -193,6 +195,7 @@ def _fold_absent(input: Input, facts: Facts) -> Transition:
             and facts.default_config.allow_implicit_create:
         config = facts.default_config
     else:
+        # Not remembered: a thread that does not exist keeps no rows at all.
         return _receipt_only(None, input, facts, rejected("unknown_thread"), None)
     state = ThreadState(
         thread_id=input.thread_id, status=Status.IDLE, version=0, config=config, model=config.model,
