@@ -125,13 +125,13 @@ class KafkaSettings:
     client_id_prefix: str = "torpor"
     # A local broker speaks plaintext; production clusters set SASL_SSL or SSL.
     security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
-    # PLAIN is what managed clusters (Confluent Cloud, MSK with SASL/SCRAM aside) expect.
+    # PLAIN is what Confluent Cloud and most managed clusters expect; SCRAM suits self-hosted ones.
     sasl_mechanism: SaslMechanism = SaslMechanism.PLAIN
     # Only with a SASL protocol; unset for plaintext and SSL.
     sasl_username: str | None = None
     sasl_password: Secret | None = None
-    # Extra librdkafka properties, sorted (key, value) pairs. Not in the repr: values such
-    # as ssl.key.password are secrets. `MANAGED_KEYS` cannot appear here.
+    # Extra librdkafka properties as (key, value) pairs (the loader sorts them). Not in the
+    # repr: values such as ssl.key.password are secrets. `MANAGED_KEYS` cannot appear here.
     librdkafka_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
