@@ -195,15 +195,23 @@ class ModelStage:
 
     async def _once(self, request: CompletionRequest, attempt: int) -> Finished:
         index = 0
-        async for output in self._provider.complete(request):
-            match output:
-                case TextDelta(text=text):
-                    self._sink.publish_event(
-                        self._event(request, "delta", f"{attempt}.{index}", text=text, data=None)
-                    )
-                    index += 1
-                case Finished():
-                    return output
+        stream = self._provider.complete(request)
+        try:
+            async for output in stream:
+                match output:
+                    case TextDelta(text=text):
+                        self._sink.publish_event(
+                            self._event(request, "delta", f"{attempt}.{index}", text=text, data=None)
+                        )
+                        index += 1
+                    case Finished():
+                        return output
+        finally:
+            # Stop reading at `Finished`, and close the stream now, not at garbage
+            # collection: a provider's stream holds an HTTP connection.
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
         raise TransientModelError(
             f"the provider's stream ended without a finished turn ({request.request_id})"
         )

@@ -1,0 +1,171 @@
+"""The model stage: committed requests in, deltas and one Completion input out."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from tests.processors.fold_scenarios import completion, create, user
+from torpor.processors.effects import RequestCompletion
+from torpor.processors.model import ScriptedModel, ScriptedTurn, ScriptRule
+from torpor.processors.stage import ModelStage, StageConfig
+from torpor.processors.step import StepRecord, step
+from torpor.processors.store import MemoryStore
+from torpor.schemas.records import Completion, Input, InputBody, TextBlock, ThreadEvent
+
+FAST = StageConfig(backoff_initial_s=0.001, backoff_max_s=0.002, max_attempts=3)
+
+
+@dataclass
+class Sink:
+    events: list[ThreadEvent] = field(default_factory=list)
+    completions: list[Input] = field(default_factory=list)
+
+    def publish_event(self, event: ThreadEvent) -> None:
+        self.events.append(event)
+
+    def publish_completion(self, completion: Input) -> None:
+        self.completions.append(completion)
+
+
+def envelope(message_id: str, body: InputBody, source: str = "user:u") -> Input:
+    return Input(message_id, "t1", 1_000, source, None, None, None, body)
+
+
+def thread_awaiting_model(store: MemoryStore) -> RequestCompletion:
+    (request,) = step(store, [StepRecord(envelope("m-create", create(initial="ping")), 0, 0)]).completions
+    return request
+
+
+def run_stage(
+    store: MemoryStore,
+    turns: tuple[ScriptedTurn, ...],
+    *requests: RequestCompletion,
+    config: StageConfig = FAST,
+) -> Sink:
+    sink = Sink()
+
+    async def go() -> None:
+        stage = ModelStage(store, ScriptedModel([ScriptRule(turns=turns)]), sink, lambda: 5_000, config)
+        for request in requests:
+            stage.submit(request)
+        await stage.wait_idle()
+
+    asyncio.run(go())
+    return sink
+
+
+def test_a_completion_comes_back_as_an_input_named_by_its_request() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = run_stage(store, (ScriptedTurn(chunks=("po", "ng")),), request)
+    (answer,) = sink.completions
+    assert (answer.message_id, answer.source, answer.created_at) == (request.request_id, "processor", 5_000)
+    assert isinstance(answer.body, Completion) and answer.body.content == (TextBlock("pong"),)
+    assert answer.body.error is None
+    assert [(e.kind, e.ephemeral, e.text) for e in sink.events] == [
+        ("delta", True, "po"),
+        ("delta", True, "ng"),
+    ]
+    # Folding it commits the turn.
+    out = step(store, [StepRecord(answer, 0, 1)])
+    assert [r.disposition for r in out.receipts] == ["applied"]
+
+
+def test_transient_errors_are_retried_visibly_then_succeed() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = run_stage(store, (ScriptedTurn(chunks=("ok",), transient_failures=2),), request)
+    assert [e.kind for e in sink.events if e.kind != "delta"] == ["completion_retried", "completion_retried"]
+    (answer,) = sink.completions
+    assert isinstance(answer.body, Completion) and answer.body.error is None
+
+
+def test_exhausted_retries_give_an_error_completion_that_parks_the_thread() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = run_stage(store, (ScriptedTurn(transient_failures=10),), request)
+    (answer,) = sink.completions
+    assert isinstance(answer.body, Completion) and answer.body.error is not None
+    assert (answer.body.error.kind, answer.body.error.attempts) == ("transient", 3)
+    out = step(store, [StepRecord(answer, 0, 1)])
+    assert out.receipts[-1].disposition in ("applied", "parked")
+    from torpor.processors.tables import load_state
+
+    state = load_state(store, "t1")
+    assert state is not None and state.status.value == "parked"
+
+
+def test_a_permanent_error_is_not_retried() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = run_stage(store, (ScriptedTurn(permanent_failure=True),), request)
+    (answer,) = sink.completions
+    assert isinstance(answer.body, Completion) and answer.body.error is not None
+    assert answer.body.error.attempts == 1 and not sink.events
+
+
+def test_a_request_the_thread_no_longer_awaits_is_dropped() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    answer = envelope(request.request_id, completion(request.request_id, "done"), source="processor")
+    step(store, [StepRecord(answer, 0, 1)])
+    sink = run_stage(store, (ScriptedTurn(chunks=("late",)),), request)
+    assert sink.completions == [] and sink.events == []
+
+
+def test_resume_reissues_the_requests_of_threads_awaiting_the_model() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = Sink()
+
+    async def go() -> int:
+        stage = ModelStage(store, ScriptedModel([]), sink, lambda: 1, FAST)
+        started = stage.resume()
+        assert not stage.submit(request)  # already in flight: not started twice
+        await stage.wait_idle()
+        return started
+
+    assert asyncio.run(go()) == 1
+    assert [c.message_id for c in sink.completions] == [request.request_id]
+
+
+def test_concurrency_is_bounded() -> None:
+    store = MemoryStore()
+    requests = []
+    for i in range(6):
+        thread = f"t{i}"
+        item = Input(f"m{i}", thread, 1, "user:u", None, None, None, create(initial="go"))
+        requests.extend(step(store, [StepRecord(item, 0, i)]).completions)
+    running = 0
+    peak = 0
+
+    class Counting(ScriptedModel):
+        async def complete(self, request):  # type: ignore[no-untyped-def, override]
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.01)
+            running -= 1  # the stage stops reading at `Finished`: count before delegating
+            async for out in ScriptedModel.complete(self, request):
+                yield out
+
+    sink = Sink()
+
+    async def go() -> None:
+        stage = ModelStage(store, Counting([]), sink, lambda: 1, StageConfig(concurrency=2))
+        for request in requests:
+            stage.submit(request)
+        await stage.wait_idle()
+
+    asyncio.run(go())
+    assert len(sink.completions) == 6 and peak == 2
+
+
+def test_user_text_folded_meanwhile_makes_the_old_request_stale() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    step(store, [StepRecord(envelope("m-more", user("and another thing")), 0, 1)])
+    sink = run_stage(store, (ScriptedTurn(chunks=("x",)),), request)
+    # Either the fold kept the request (then it is answered) or replaced it (then dropped).
+    assert len(sink.completions) <= 1
