@@ -783,3 +783,32 @@ def test_tool_specs_of_the_builtins_are_valid_and_the_sleeps_passive() -> None:
     for spec in b.BUILTIN_TOOLS:
         json.loads(spec.parameters)
     assert SEARCH.name == "search" and FETCH.name == "fetch"
+
+
+def test_a_re_sent_event_copy_is_a_duplicate_while_deferred_and_while_parked() -> None:
+    world = started()
+    sub = subscribed(world)
+    assert world.send("t", event("w1", sub, 1, associative=True)).disposition == "deferred"
+    assert world.send("t", event("w1", sub, 1, associative=True)).disposition == "duplicate"
+    world.reply("t", "ok")
+    world.send("t", control("park"))
+    assert world.send("t", event("w1", sub, 2, associative=True)).disposition == "parked"
+    assert world.send("t", event("w1", sub, 2, associative=True)).disposition == "parked"
+    world.send("t", control("unpark"))
+    world.reply("t", "ok")  # the held events wait for the turn in flight, then one copy applies
+    injected = [e for e in world.bodies("t") if isinstance(e, EventEntry)]
+    assert len(injected) == 2
+    assert world.state("t").subscriptions[0].last_sequence == 2
+
+
+def test_events_are_released_in_order_and_an_older_one_behind_them_is_a_duplicate() -> None:
+    world = started()
+    sub = subscribed(world)
+    for sequence, disposition in ((1, "deferred"), (3, "deferred"), (2, "duplicate")):
+        assert (
+            world.send("t", event("w1", sub, sequence, f"e{sequence}", associative=True)).disposition
+            == disposition
+        )
+    world.reply("t", "ok")
+    texts = [e.content[0].text for e in world.bodies("t") if isinstance(e, EventEntry)]  # type: ignore[union-attr]
+    assert texts == ["e1", "e3"]

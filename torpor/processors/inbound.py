@@ -149,15 +149,21 @@ def on_tool_event(draft: Draft) -> str:
     if subscription is None:
         draft.reason = "no active subscription with this call id"
         return STALE
+    # A repeated or older sequence is a duplicate: older than the last one applied, or (on
+    # arrival) than one already waiting in the deferred queue. A released event is judged
+    # against what was applied only, so a copy held while parked is still caught.
+    latest = subscription.last_sequence
     if not draft.released:
-        if body.sequence <= subscription.last_sequence:
-            draft.reason = f"sequence {body.sequence} already seen"
-            return DUPLICATE
-        advanced = dataclasses.replace(subscription, last_sequence=body.sequence)
-        draft.replace(subscriptions=tuple(advanced if s.call_id == body.call_id else s
-                                          for s in draft.state.subscriptions))
-        if is_deferring(draft.state):
-            return defer(draft)
+        latest = max((latest, *(held.body.sequence for held in draft.state.deferred
+                                if isinstance(held.body, ToolEvent) and held.body.call_id == body.call_id)))
+    if body.sequence <= latest:
+        draft.reason = f"sequence {body.sequence} already seen"
+        return DUPLICATE
+    if not draft.released and is_deferring(draft.state):
+        return defer(draft)
+    advanced = dataclasses.replace(subscription, last_sequence=body.sequence)
+    draft.replace(subscriptions=tuple(advanced if s.call_id == body.call_id else s
+                                      for s in draft.state.subscriptions))
     if body.associative:
         wake(draft, b.SLEEP_ENDED_BY_EVENT)
         inject(draft, "subscription_event", subscription.tool, subscription.call_id, subscription.arguments,
