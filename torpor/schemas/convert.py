@@ -7,19 +7,23 @@ datum fastavro writes, and whose `from_avro` turns the datum fastavro reads back
 union of two or more record classes is written in fastavro's tuple notation
 ``(fullname, datum)`` so the branch is chosen by name, never guessed from the fields
 (`TextBlock` and `ThinkingBlock` both have `text`), and is read back with
-``return_record_name=True``.
+``return_record_name=True`` (a lone record beside null stays a plain dict, as
+``return_record_name_override=True`` reads it).
 
-Plans are cached per class: a processor decodes thousands of records a second
-and must not re-inspect type hints for each. The two functions of a plan are generated
-source (as `dataclasses` itself does), because a straight-line function is several
-times faster than a loop over field descriptors. `plan_for` raises `TypeError` for a
-class or a field type outside the mapping; that is a bug in `records.py`, found on the
-first use, not a decode-time condition.
+Plans are cached per class: a processor decodes thousands of records a second and must
+not re-inspect type hints for each. Each plan's two functions are generated source, one
+straight-line expression per field (as `dataclasses` generates `__init__`), because that
+is several times faster than walking field descriptors and closures per value.
+`plan_for` raises `TypeError` for a class or a field type outside the mapping: a bug in
+`records.py`, found on first use, never a decode-time condition. The generated functions
+raise `KeyError` or `TypeError` for a value outside the class's types (a record that is
+not a branch of its union); the codec turns that into `ContractError` or `DecodeError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import types
 import typing
@@ -29,7 +33,6 @@ from typing import Final
 
 NAMESPACE: Final = "torpor"
 
-Convert = Callable[[object], object]
 _SCALARS: Final = (str, int, bool, bytes, float)
 
 
@@ -52,91 +55,91 @@ def _is_union(tp: object) -> bool:
     return isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
 
 
-def _converter(tp: object, where: str) -> tuple[Convert | None, Convert | None]:
-    """(to_avro, from_avro) for a field type; None means the value passes unchanged."""
+def _is_record(tp: object) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+class _Source:
+    """Names bound into the generated source, and fresh local names for it."""
+
+    def __init__(self, cls: type) -> None:
+        self.namespace: dict[str, object] = {"_cls": cls}
+        self._ids = itertools.count()
+
+    def bind(self, value: object) -> str:
+        name = f"_b{next(self._ids)}"
+        self.namespace[name] = value
+        return name
+
+    def local(self) -> str:
+        return f"_v{next(self._ids)}"
+
+
+def _exprs(tp: object, to_src: str, from_src: str, src: _Source, where: str) -> tuple[str, str]:
+    """Expressions converting `to_src` (a Python value) and `from_src` (a datum) of type `tp`."""
     if tp in _SCALARS:
-        return None, None
-    if _is_union(tp):
-        args = typing.get_args(tp)
-        non_null = tuple(a for a in args if a is not type(None))
-        if len(non_null) < len(args):
-            if len(non_null) == 1:
-                return _optional(*_converter(non_null[0], where))
-            inner_to, inner_from = _record_union(non_null, where)
-            return _optional(inner_to, inner_from)
-        return _record_union(non_null, where)
+        return to_src, from_src
+    if _is_record(tp):
+        plan = plan_for(typing.cast(type, tp))
+        return f"{src.bind(plan.to_avro)}({to_src})", f"{src.bind(plan.from_avro)}({from_src})"
     if typing.get_origin(tp) is tuple:
         args = typing.get_args(tp)
         if len(args) != 2 or args[1] is not Ellipsis:
             raise TypeError(f"{where}: only tuple[X, ...] maps to an Avro array, not {tp!r}")
-        return _array(*_converter(args[0], where))
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        plan = plan_for(tp)
-        return plan.to_avro, _from_dict(plan.from_avro)
+        item = src.local()
+        to_item, from_item = _exprs(args[0], item, item, src, where)
+        # fastavro writes any sequence as an array, so a tuple of scalars passes as is.
+        to_expr = to_src if to_item == item else f"[{to_item} for {item} in {to_src}]"
+        from_expr = (
+            f"tuple({from_src})" if from_item == item else f"tuple([{from_item} for {item} in {from_src}])"
+        )
+        return to_expr, from_expr
+    if _is_union(tp):
+        args = typing.get_args(tp)
+        members = tuple(a for a in args if a is not type(None))
+        if len(members) < len(args):
+            value = src.local()
+            inner_to, inner_from = _exprs(_union_of(members), value, value, src, where)
+            if inner_to == value and inner_from == value:
+                return to_src, from_src
+            return (
+                f"(None if ({value} := {to_src}) is None else {inner_to})",
+                f"(None if ({value} := {from_src}) is None else {inner_from})",
+            )
+        return _record_union(members, to_src, from_src, src, where)
     raise TypeError(f"{where}: no Avro mapping for {tp!r}")
 
 
-def _from_dict(read: Callable[[dict[str, object]], object]) -> Convert:
-    def convert(datum: object) -> object:
-        assert isinstance(datum, dict)
-        return read(datum)
-
-    return convert
+def _union_of(members: tuple[object, ...]) -> object:
+    if len(members) == 1:
+        return members[0]
+    return typing.Union[members]  # noqa: UP007 - built from a runtime tuple of members
 
 
-def _optional(to: Convert | None, frm: Convert | None) -> tuple[Convert | None, Convert | None]:
-    def opt_to(value: object) -> object:
-        return None if value is None else to(value)  # type: ignore[misc]
-
-    def opt_from(datum: object) -> object:
-        return None if datum is None else frm(datum)  # type: ignore[misc]
-
-    return (None if to is None else opt_to), (None if frm is None else opt_from)
-
-
-def _array(to: Convert | None, frm: Convert | None) -> tuple[Convert | None, Convert | None]:
-    def arr_to(value: object) -> object:
-        assert isinstance(value, tuple)
-        return [to(v) for v in value] if to is not None else value
-
-    def arr_from(datum: object) -> object:
-        assert isinstance(datum, list)
-        return tuple(datum) if frm is None else tuple([frm(d) for d in datum])
-
-    return arr_to, arr_from
-
-
-def _record_union(members: tuple[object, ...], where: str) -> tuple[Convert, Convert]:
-    plans: list[RecordPlan] = []
+def _record_union(
+    members: tuple[object, ...], to_src: str, from_src: str, src: _Source, where: str
+) -> tuple[str, str]:
+    plans = []
     for member in members:
-        if not (isinstance(member, type) and dataclasses.is_dataclass(member)):
+        if not _is_record(member):
             raise TypeError(f"{where}: a union may hold only record classes (and None), not {member!r}")
-        plans.append(plan_for(member))
-    if len(plans) == 1:
-        # A lone record beside null: fastavro writes and reads it as a plain dict
-        # (return_record_name_override), so no tuple notation is needed.
-        only = plans[0]
-        return only.to_avro, _from_dict(only.from_avro)
-    by_type = {p.cls: (p.fullname, p.to_avro) for p in plans}
+        plans.append(plan_for(typing.cast(type, member)))
+    by_type = {p.cls: _tagged(p) for p in plans}
     by_name = {p.fullname: p.from_avro for p in plans}
+    value = src.local()
+    return (
+        f"{src.bind(by_type)}[type({value} := {to_src})]({value})",
+        f"{src.bind(by_name)}[({value} := {from_src})[0]]({value}[1])",
+    )
 
-    def union_to(value: object) -> object:
-        try:
-            name, to = by_type[type(value)]
-        except KeyError:
-            raise TypeError(f"{where}: {type(value).__name__} is not a branch of this union") from None
-        return (name, to(value))
 
-    def union_from(datum: object) -> object:
-        assert isinstance(datum, tuple)
-        name, inner = datum
-        try:
-            frm = by_name[name]
-        except KeyError:
-            raise ValueError(f"{where}: union branch {name!r} is not known to this reader") from None
-        return frm(inner)
+def _tagged(plan: RecordPlan) -> Callable[[object], tuple[str, dict[str, object]]]:
+    name, to_avro = plan.fullname, plan.to_avro
 
-    return union_to, union_from
+    def tag(value: object) -> tuple[str, dict[str, object]]:
+        return (name, to_avro(value))
+
+    return tag
 
 
 _PLANS: dict[type, RecordPlan] = {}
@@ -156,37 +159,28 @@ def plan_for(cls: type) -> RecordPlan:
 
 
 def _build_plan(cls: type) -> RecordPlan:
-    if not dataclasses.is_dataclass(cls):
+    if not _is_record(cls):
         raise TypeError(f"{cls!r} is not a record class")
-    module = sys.modules[cls.__module__]
-    hints = typing.get_type_hints(cls, vars(module))
-    names: list[str] = []
-    namespace: dict[str, object] = {"_cls": cls}
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    src = _Source(cls)
     to_items: list[str] = []
     from_args: list[str] = []
-    for index, field in enumerate(dataclasses.fields(cls)):
-        to, frm = _converter(hints[field.name], f"{cls.__name__}.{field.name}")
-        names.append(field.name)
-        attr = f"r.{field.name}"
-        item = f"d[{field.name!r}]"
-        if to is not None:
-            namespace[f"_to{index}"] = to
-            attr = f"_to{index}({attr})"
-        if frm is not None:
-            namespace[f"_from{index}"] = frm
-            item = f"_from{index}({item})"
-        to_items.append(f"{field.name!r}: {attr}")
-        from_args.append(item)
-    # Field names are Python identifiers checked by `dataclasses`, so the generated source
-    # cannot be injected into; the functions are straight-line for speed.
+    for field in dataclasses.fields(cls):
+        to_expr, from_expr = _exprs(
+            hints[field.name], f"r.{field.name}", f"d[{field.name!r}]", src, f"{cls.__name__}.{field.name}"
+        )
+        to_items.append(f"{field.name!r}: {to_expr}")
+        from_args.append(from_expr)
+    # Field names are identifiers checked by `dataclasses` and every other name is bound
+    # by `_Source`, so nothing from outside the class definition reaches the source.
     source = (
         f"def to_avro(r):\n    return {{{', '.join(to_items)}}}\n"
         f"def from_avro(d):\n    return _cls({', '.join(from_args)})\n"
     )
-    exec(compile(source, f"<torpor plan {cls.__name__}>", "exec"), namespace)
+    exec(compile(source, f"<torpor plan {cls.__name__}>", "exec"), src.namespace)
     return RecordPlan(
         cls=cls,
         fullname=fullname(cls),
-        to_avro=typing.cast(Callable[[object], dict[str, object]], namespace["to_avro"]),
-        from_avro=typing.cast(Callable[[dict[str, object]], object], namespace["from_avro"]),
+        to_avro=typing.cast(Callable[[object], dict[str, object]], src.namespace["to_avro"]),
+        from_avro=typing.cast(Callable[[dict[str, object]], object], src.namespace["from_avro"]),
     )
