@@ -812,3 +812,56 @@ def test_events_are_released_in_order_and_an_older_one_behind_them_is_a_duplicat
     world.reply("t", "ok")
     texts = [e.content[0].text for e in world.bodies("t") if isinstance(e, EventEntry)]  # type: ignore[union-attr]
     assert texts == ["e1", "e3"]
+
+
+def test_a_non_associative_event_does_not_wake_a_sleeping_parent() -> None:
+    world = started()
+    sub = subscribed(world)
+    world.reply("t", "sleeping", (call("z1", "sleep_until_event_or_input", {}),))
+    sleeping_turn = world.state("t").pending_turn_seq
+    assert world.send("t", event("w1", sub, 1, "ping")).disposition == "applied"
+    child = world.children("t")[0]
+    assert world.state("t").pending_calls[0].call_id == "z1"  # still asleep
+    assert (
+        len(world.histories[child]) == sleeping_turn + 1
+    )  # inherited up to the sleeping turn, then the event
+    world.reply(child, "handled", (call("x", "close_thread", {"report": "it pinged"}),))
+    woke = results(world)[-1]
+    assert woke.call_id == "z1" and woke.content[0].text == b.SLEEP_ENDED_BY_EVENT  # type: ignore[union-attr]
+    assert world.state("t").status is Status.AWAITING_MODEL
+
+
+def test_a_timer_for_a_sleep_ended_early_is_stale() -> None:
+    world = started()
+    with_call(world, ("z1", "sleep", {"seconds": 60}))
+    dispatch = world.dispatch_for("t", "z1")
+    world.send("t", user("awake?"))
+    fired = TimerFired(call_id="z1", request_id=dispatch.request_id, due_at=0)
+    assert world.send("t", fired).disposition == "stale"
+
+
+def test_the_max_children_budget_refuses_more_spawns() -> None:
+    world = started(max_children=1)
+    with_call(
+        world, ("s1", "spawn_thread", {"instructions": "a"}), ("s2", "spawn_thread", {"instructions": "b"})
+    )
+    assert results(world)[-1].content[0].text == b.TOO_MANY_CHILDREN  # type: ignore[union-attr]
+    assert len(world.children("t")) == 1
+
+
+def test_a_stopped_child_sends_its_one_terminal_report_and_resume_does_not_repeat_it() -> None:
+    world = started()
+    with_call(world, ("s1", "spawn_thread", {"instructions": "a"}))
+    child = world.children("t")[0]
+    world.send(child, control("stop"))
+    assert [r.disposition for r in world.receipts if r.thread_id == "t"][
+        -1
+    ] == "deferred"  # a turn is in flight
+    world.reply("t", "ok")
+    assert world.children("t") == []
+    reports = [e for e in world.bodies("t") if isinstance(e, EventEntry)]
+    assert reports and "was stopped" in reports[-1].content[0].text  # type: ignore[union-attr]
+    world.send(child, control("resume"))
+    world.reply(child, "bye", (call("k", "close_thread", {"report": "x"}),))
+    terminal = [i for i in world.inputs if isinstance(i.body, ChildReport) and i.body.kind != "report"]
+    assert len(terminal) == 1

@@ -47,6 +47,18 @@ Statuses (wire names)::
 
 While `parked`, inputs are held in the deferred queue (receipt `parked`) and released on
 unpark; while `stopped`, they are absorbed (receipt `stopped`); `closed` refuses them.
+
+Rules worth knowing (each has a test in `tests/processors/test_fold.py`):
+- Events, child reports and parent messages are deferred while a completion is in flight
+  or a non-passive call is pending (the model must not answer what it did not see), and
+  released in order once nothing blocks them. A stale result releases nothing.
+- User text interrupts: pending calls get an `interrupted` result and a cancel dispatch,
+  a pending completion is superseded; late real answers are then stale.
+- A passive call (the sleeps) is ended by any input or inline event (timer cancelled).
+  A non-associative subscription event does not wake it: a temporary child handles the
+  event from the safe point before the sleeping turn, and its report (if any) wakes it.
+- A compaction summary is applied at once (never deferred) and asks the model nothing.
+- Every judged input is remembered except provenance rejections (see step 4).
 """
 
 from __future__ import annotations
@@ -329,6 +341,7 @@ def on_control(draft: Draft) -> str:
     if command == "delete":
         cancel_work(draft, None)
         stop_children(draft)
+        draft.emit("deleted", detail=body.reason)
         draft.deleted = True
         return APPLIED
     if status is Status.CLOSED:
