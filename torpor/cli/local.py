@@ -12,6 +12,7 @@ This module composes the two halves that may not import each other: the processo
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,14 @@ from torpor.connectors.router import ToolRouter
 from torpor.connectors.subscriptions import WatchTool
 from torpor.connectors.timers import TimerConnector
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
-from torpor.processors.model import ModelProvider, ScriptedModel
+from torpor.processors.model import (
+    CompletionRequest,
+    ModelProvider,
+    ScriptedCall,
+    ScriptedModel,
+    ScriptedTurn,
+    recent_text,
+)
 from torpor.schemas.records import (
     ApprovalDecision,
     ApprovalRequest,
@@ -38,6 +46,7 @@ from torpor.schemas.records import (
     InputBody,
     TextBlock,
     ThreadConfig,
+    UserEntry,
     UserMessage,
 )
 
@@ -188,9 +197,50 @@ def chat(thread_id: str, store: str) -> None:
     asyncio.run(_chat(thread_id, LocalConfig(store=store)))
 
 
+CHAT_HELP = (
+    "The scripted agent obeys command words: 'echo TEXT', 'watch TOPIC', 'deploy TARGET', "
+    "'sleep SECONDS', 'spawn INSTRUCTIONS'; anything else is answered in words. "
+    "/approve, /reject, /stop, /quit."
+)
+
+
+def chat_turn(request: CompletionRequest) -> ScriptedTurn:
+    """The chat agent: a deterministic reading of the last user text (no real model here)."""
+    if request.parent is not None:  # children and event children finish at once
+        report = recent_text(request.history).splitlines()[-1] if request.history else "done"
+        return ScriptedTurn(
+            chunks=("Done.",), tool_calls=(ScriptedCall("close_thread", _args(report=report)),)
+        )
+    last = request.history[-1].body if request.history else None
+    if not isinstance(last, UserEntry):
+        return ScriptedTurn(chunks=(f"Noted: {_short(recent_text(request.history))}",))
+    said = " ".join(b.text for b in last.content if isinstance(b, TextBlock)).strip()
+    word, _, rest = said.partition(" ")
+    calls = {
+        "echo": ("echo", _args(text=rest)),
+        "watch": ("watch", _args(topic=rest or "feed")),
+        "deploy": ("deploy", _args(target=rest or "web")),
+        "spawn": ("spawn_thread", _args(instructions=rest or "look around")),
+        "sleep": ("sleep", json.dumps({"seconds": float(rest) if rest.replace(".", "", 1).isdigit() else 1})),
+    }
+    if word in calls:
+        name, arguments = calls[word]
+        return ScriptedTurn(chunks=(f"Calling {name}.",), tool_calls=(ScriptedCall(name, arguments),))
+    return ScriptedTurn(chunks=(f"You said: {said}. ", CHAT_HELP))
+
+
+def _args(**values: str) -> str:
+    return json.dumps(values, sort_keys=True)
+
+
+def _short(text: str) -> str:
+    return text if len(text) < 120 else text[:119] + "…"
+
+
 async def _chat(thread_id: str, config: LocalConfig) -> None:
     spec = ThreadSpec(id=thread_id, system_prompt="You are a local agent.", tools=("echo", "watch", "deploy"))
-    run = compose(spec, ScriptedModel(()), config)
+    run = compose(spec, ScriptedModel((), fallback=chat_turn), config)
+    click.echo(CHAT_HELP)
     try:
         await run.runtime.run_until_idle()
         while True:

@@ -19,7 +19,7 @@ retried or re-issued request is answered identically, the way the model is never
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -211,6 +211,9 @@ class ScriptedModel:
     rules: Sequence[ScriptRule]
     name: str = "scripted"
     context_window: int = 200_000
+    # Answers what no rule does (or a rule whose turns ran out); a pure function of the
+    # request, so it stays deterministic. None: the EXHAUSTED text.
+    fallback: Callable[[CompletionRequest], ScriptedTurn] | None = None
     _cursors: dict[tuple[int, str], int] = field(default_factory=dict)
     _served: dict[str, tuple[int, ScriptedTurn]] = field(default_factory=dict)
     _attempts: dict[str, int] = field(default_factory=dict)
@@ -226,12 +229,15 @@ class ScriptedModel:
             if rule.is_match(request):
                 cursor = self._cursors.get((index, request.thread_id), 0)
                 self._cursors[(index, request.thread_id)] = cursor + 1
-                turn = rule.turns[cursor] if cursor < len(rule.turns) else EXHAUSTED
+                turn = rule.turns[cursor] if cursor < len(rule.turns) else self._fallback(request)
                 break
         else:
-            index, turn = -1, EXHAUSTED
+            index, turn = -1, self._fallback(request)
         self._served[request.request_id] = (index, turn)
         return turn
+
+    def _fallback(self, request: CompletionRequest) -> ScriptedTurn:
+        return EXHAUSTED if self.fallback is None else self.fallback(request)
 
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
         turn = self.turn_for(request)
