@@ -164,3 +164,23 @@ def test_threads_spread_over_partitions_keep_one_receipt_per_input() -> None:
     reports = [i for i in bodies(run) if isinstance(i.body, ChildReport)]
     assert len(reports) == 4
     assert len({r.partition for r in run.runtime.inputs()}) > 1
+
+
+def test_torpor_local_run_prints_the_transcript_and_a_summary() -> None:
+    from click.testing import CliRunner
+
+    from torpor.cli import main
+
+    result = CliRunner().invoke(main, ["local", "run", str(DEMO), "--store", "memory"])
+    assert result.exit_code == 0, result.output
+    assert "agent/child-1" in result.output and "approval?" in result.output
+    assert "receipts" in result.output.splitlines()[-1]
+
+
+def test_a_malformed_scenario_is_refused_with_the_entry_named() -> None:
+    from torpor.cli.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"\[\[steps\]\] #1"):
+        parse({"thread": {"id": "x"}, "steps": [{"dance": True}]})
+    with pytest.raises(ScenarioError, match=r"\[thread\]"):
+        parse({"steps": []})
