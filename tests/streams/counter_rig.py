@@ -93,27 +93,7 @@ class CounterRig:
 
     def read_committed(self, topic: str) -> list[tuple[bytes | None, bytes | None]]:
         """Every record of `topic` a read_committed reader sees now, partition by partition."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False})
-        try:
-            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            records: list[tuple[bytes | None, bytes | None]] = []
-            for partition in sorted(partitions):
-                tp = TopicPartition(topic, partition)
-                low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-                if high <= low:
-                    continue
-                consumer.assign([TopicPartition(topic, partition, low)])
-                position = low
-                while position < high:
-                    for message in consumer.consume(500, timeout=1.0):
-                        assert message.error() is None, message.error()
-                        records.append((message.key(), message.value()))
-                    (current,) = consumer.position([tp])
-                    position = max(position, current.offset)
-            return records
-        finally:
-            consumer.close()
+        return [(key, value) for key, value, _ in read_committed(self.bootstrap, topic)]
 
     def out_values(self) -> list[bytes]:
         """The input value of each `out` record (what precedes `|`)."""
@@ -137,6 +117,31 @@ class CounterRig:
             return {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
         finally:
             consumer.close()
+
+
+def read_committed(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None, int]]:
+    """Every (key, value, partition) of `topic` a read_committed reader sees now."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        records: list[tuple[bytes | None, bytes | None, int]] = []
+        for partition in sorted(partitions):
+            tp = TopicPartition(topic, partition)
+            low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, partition, low)])
+            position = low
+            while position < high:
+                for message in consumer.consume(500, timeout=1.0):
+                    assert message.error() is None, message.error()
+                    records.append((message.key(), message.value(), partition))
+                (current,) = consumer.position([tp])
+                position = max(position, current.offset)
+        return records
+    finally:
+        consumer.close()
 
 
 def assert_exactly_once(rig: CounterRig, inputs: list[tuple[bytes, bytes]]) -> None:

@@ -90,6 +90,9 @@ class CounterTask:
     def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
         self._write(changes, offsets)
 
+    def start(self) -> None:
+        pass  # nothing is left in flight by a counter
+
     def process(self, records: Sequence[InputRecord]) -> TaskOutput:
         out: list[OutputRecord] = []
         changes: list[Change] = []

@@ -16,8 +16,11 @@ from torpor import __version__
 # command name -> "module:attribute" of a click command. One line per subcommand.
 COMMANDS: Final[dict[str, str]] = {
     "broker": "torpor.cli.broker:broker",
+    "connector": "torpor.cli.connector:connector",
     "demo": "torpor.cli.demo:demo",
+    "keys": "torpor.cli.keys:keys",
     "local": "torpor.cli.local:local",
+    "processor": "torpor.cli.processor:processor",
 }
 
 

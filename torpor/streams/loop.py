@@ -424,6 +424,7 @@ class CheckpointLoop:
         owned.committed = committed
         owned.changelog_offset = result.offsets.changelog_offset
         lifecycle.transition_to(PartitionState.RUNNING)
+        task.start()
         log.info("partition restored (%d changelog records from offset %d), folding from %s",
                  result.records, result.from_offset, committed,
                  extra={"partition": partition, "offset": committed})

@@ -5,6 +5,7 @@ For each `inputs` partition it owns it asks a `TaskFactory` for a `PartitionTask
 holds that partition's store and an overlay over it, and drives it through one
 checkpoint at a time:
 
+    task.start()               restored and checked against the group: folding begins
     task.process(records)      fold the records into the overlay; return what to produce
                                and the store changes (the loop mirrors them to the changelog)
     ... the loop produces, sends offsets, commits ...
@@ -92,6 +93,10 @@ class PartitionTask(Protocol):
 
     def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
         """Write changelog `changes` straight to the store, with `offsets`, in one batch."""
+        ...
+
+    def start(self) -> None:
+        """The store is restored and checked: folding begins (resume work left in flight)."""
         ...
 
     def process(self, records: Sequence[InputRecord]) -> TaskOutput:

@@ -1,0 +1,78 @@
+"""`torpor processor`: run one exactly-once processor instance against Kafka.
+
+Output contract: logs go to stderr, one line per event with the shell's fields. Exit
+codes: 0 after a clean stop (SIGTERM/SIGINT, or `--until-idle` once caught up and idle);
+1 for a configuration problem (the message says what to fix); 2 for a fatal runtime
+error (fenced by another instance, a hung transaction call, a store out of step with the
+group's offsets), printed as one `fatal:` line. A fatal exit does not wait for the
+Kafka clients to close: a fenced or hung client may never close, and the restarted
+instance cleans up after this one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Final
+
+import click
+
+from torpor.cli.logs import configure
+from torpor.cli.scenario import load
+from torpor.cli.settings import read_settings, settings_options
+from torpor.processors.model import ScriptedModel
+from torpor.processors.processor import Processor, ProcessorConfig
+from torpor.schemas.errors import ConfigError, TorporError
+from torpor.streams.admin import ensure_topics
+from torpor.streams.clients import make_admin
+from torpor.streams.deadline import Deadline
+
+EXIT_FATAL: Final = 2
+# Creating the topics on first start includes waiting for leaders; a laptop broker is quick.
+ENSURE_TOPICS_SECONDS: Final = 60.0
+
+
+@click.command("processor")
+@click.option("--instance", required=True,
+              help="This instance's stable name: its transactional id and static group member id.")
+@click.option("--until-idle", is_flag=True,
+              help="Exit once every owned partition is caught up and nothing is in flight.")
+@click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the partitions' RocksDB stores live. Default: .torpor/stores/<instance>.")
+@click.option("--script", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="A scenario file whose [[model]] rules drive the scripted model.")
+@click.option("--app", default="torpor-processor", show_default=True,
+              help="The consumer group; instances of one app share the partitions.")
+@click.option("--log-level", default="info", show_default=True)
+@settings_options
+def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str,
+              log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
+    """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
+    configure(log_level)
+    settings = read_settings(config_file, bootstrap)
+    try:
+        ensured = ensure_topics(make_admin(settings), settings, Deadline.after(ENSURE_TOPICS_SECONDS))
+        rules = load(script).rules if script is not None else ()
+        config = ProcessorConfig(instance=instance, app=app,
+                                 store_dir=store_dir or Path(".torpor") / "stores" / instance)
+        runner = Processor(settings, config, ScriptedModel(rules), inputs_partitions=ensured.partitions)
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from None
+    stopping: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, frame: stopping.append(number))
+    try:
+        runner.run(lambda: bool(stopping), until_idle=until_idle)
+    except TorporError as error:
+        _fatal(error)
+    except Exception as error:  # a bug: still exit loudly and at once
+        _fatal(error)
+    loop = runner.loop
+    click.echo(f"processor {instance} stopped: {loop.commits} commits, {loop.aborts} aborts", err=True)
+
+
+def _fatal(error: BaseException) -> None:
+    print(f"fatal: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    os._exit(EXIT_FATAL)

@@ -1,0 +1,308 @@
+"""The Kafka processor: `step` and the model stage, run by the exactly-once checkpoint loop.
+
+Contract. `Processor(settings, config, provider).run(should_stop, until_idle)` runs one
+processor instance: one consumer and one transactional producer (`<app>-<instance>`)
+in `streams.loop.CheckpointLoop`, which gives each owned `inputs` partition a
+`ThreadTask`. Per checkpoint, a `ThreadTask`
+
+1. decodes each input (an undecodable one is parked with a `parked` receipt and the
+   partition goes on: `OutputWriter.poison_records`);
+2. folds the decoded ones with `step` into the checkpoint's `Overlay` over the
+   partition's `RocksStore`, and returns the step's records (`OutputWriter`) and store
+   changes, which the loop produces in the transaction;
+3. after the commit, writes the overlay to RocksDB (one batch with the offsets) and only
+   then hands the committed completion requests to the partition's `ModelStage`, whose
+   `Completion` inputs go to `inputs` through a plain idempotent producer (the fold
+   dedups them by message id, which is the request id).
+
+When a partition starts (restored and checked) its stage re-issues the requests of
+threads still `awaiting_model`; when it is revoked its model calls are cancelled. The
+stages run on one asyncio loop in a daemon thread (`StageThread`), so a slow model never
+holds a partition's offsets. `until_idle` stops once every owned partition is caught
+up, no checkpoint is open, and no model call or completion is in flight.
+
+Fatal errors (fenced, a hung transaction call, an offset mismatch) propagate out of
+`run`; the command line exits non-zero with their message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from confluent_kafka import Producer
+
+from torpor.processors.effects import RequestCompletion
+from torpor.processors.local import now_ms
+from torpor.processors.model import ModelProvider
+from torpor.processors.outputs import OutputWriter
+from torpor.processors.stage import ModelStage, StageConfig
+from torpor.processors.step import StepRecord, Verifier, step
+from torpor.processors.store import Overlay, RocksStore, StoreOffsets
+from torpor.schemas.codec import Codec
+from torpor.schemas.errors import ConfigError, DecodeError
+from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
+from torpor.streams.clients import make_consumer, make_producer
+from torpor.streams.config import Settings
+from torpor.streams.loop import CheckpointLoop, LoopSettings
+from torpor.streams.partitioner import partition_for
+from torpor.streams.task import Change, InputRecord, OutputRecord, StoredOffsets, TaskOutput
+from torpor.streams.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+# Cancelling a partition's model calls on revoke waits at most this long: the calls are
+# re-issued by the next owner anyway, so a stuck provider must not stall the rebalance.
+CANCEL_SECONDS: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorConfig:
+    """One processor instance: who it is, where its stores live, how it paces checkpoints."""
+
+    instance: str
+    store_dir: Path
+    # The consumer group and the prefix of the transactional id: instances of one app share
+    # the partitions; `<app>-<instance>` must be stable so a restart fences its predecessor.
+    app: str = "torpor-processor"
+    commit_interval: float = 0.2  # DESIGN 6: every 100-250 ms
+    commit_every: int = 1000
+    stage: StageConfig = field(default_factory=StageConfig)
+
+    def __post_init__(self) -> None:
+        if not self.instance.strip() or not self.app.strip():
+            raise ConfigError("a processor needs a non-empty --instance (and app name)")
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.app}-{self.instance}"
+
+
+class StageThread:
+    """One asyncio loop on a daemon thread, where every partition's model stage runs."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="torpor-model-stage", daemon=True)
+        self._thread.start()
+        self._scheduled = 0  # calls handed over but not run yet: part of "in flight"
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Run `fn` on the stage loop soon (from any thread)."""
+        with self._lock:
+            self._scheduled += 1
+
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                with self._lock:
+                    self._scheduled -= 1
+
+        self._loop.call_soon_threadsafe(run)
+
+    def wait(self, coroutine: Coroutine[object, object, None], timeout: float) -> None:
+        """Run `coroutine` on the stage loop and wait for it, at most `timeout` seconds."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            log.warning("the model stage did not finish within %.1fs", timeout)
+
+    @property
+    def scheduled(self) -> int:
+        return self._scheduled
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=CANCEL_SECONDS)
+
+
+class KafkaStageSink:
+    """`StageSink` over a plain producer: live events to `events`, completions to `inputs`."""
+
+    def __init__(self, producer: Producer, topics: TopicNames, inputs_partitions: int, codec: Codec) -> None:
+        self._producer = producer
+        self._topics = topics
+        self._partitions = inputs_partitions
+        self._codec = codec
+
+    def publish_event(self, event: ThreadEvent) -> None:
+        self._send(OutputRecord(self._topics.events, event.thread_id.encode(),
+                                self._codec.encode(self._topics.events, event)))
+
+    def publish_completion(self, completion: Input) -> None:
+        key = completion.thread_id.encode()
+        self._send(OutputRecord(self._topics.inputs, key, self._codec.encode(self._topics.inputs, completion),
+                                partition=partition_for(key, self._partitions)))
+
+    def _send(self, out: OutputRecord) -> None:
+        while True:
+            try:
+                self._producer.produce(out.topic, value=out.value, key=out.key,
+                                       partition=-1 if out.partition is None else out.partition)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # full queue: let deliveries drain it
+
+
+class ThreadTask:
+    """A `PartitionTask` for one `inputs` partition: `step` over its RocksDB store."""
+
+    def __init__(self, partition: int, processor: Processor) -> None:
+        self.partition = partition
+        self._processor = processor
+        self._path = processor.config.store_dir / f"partition-{partition}"
+        self._store = RocksStore(self._path)
+        self._overlay: Overlay | None = None
+        self._requests: list[RequestCompletion] = []
+        self.stage: ModelStage | None = None
+
+    def offsets(self) -> StoredOffsets:
+        found = self._store.offsets()
+        return StoredOffsets(found.changelog_offset, found.input_offset)
+
+    def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
+        self._store.apply(changes, StoreOffsets(offsets.changelog_offset, offsets.input_offset))
+
+    def start(self) -> None:
+        stage = ModelStage(self._store, self._processor.provider, self._processor.sink, now_ms,
+                           self._processor.config.stage)
+        self.stage = stage
+        self._processor.stages.call(stage.resume)  # threads a previous owner left awaiting the model
+
+    def process(self, records: Sequence[InputRecord]) -> TaskOutput:
+        overlay = self._overlay = self._overlay or Overlay(self._store)
+        writer, codec, topic = self._processor.writer, self._processor.codec, self._processor.topics.inputs
+        out: list[OutputRecord] = []
+        changes: list[Change] = []
+        run: list[StepRecord] = []
+        originals = {r.offset: r for r in records}
+
+        def fold_run() -> None:
+            if run:
+                result = step(overlay, run, verifier=self._processor.verifier,
+                              default_config=self._processor.default_config)
+                out.extend(writer.step_records(result, originals))
+                changes.extend(result.changes)
+                self._requests.extend(result.completions)
+                run.clear()
+
+        for record in records:
+            try:
+                if record.value is None:
+                    raise DecodeError("a null value is not an Input", topic=topic,
+                                      partition=record.partition, offset=record.offset)
+                decoded = codec.decode(topic, record.value, Input, partition=record.partition,
+                                       offset=record.offset)
+            except DecodeError as error:
+                fold_run()  # keep partition order: what came before the poison folds first
+                log.error("undecodable input parked: %s", error, extra={
+                    "partition": record.partition, "offset": record.offset, "disposition": "parked"})
+                out.extend(writer.poison_records(record, error))
+                continue
+            run.append(StepRecord(decoded, record.partition, record.offset))
+        fold_run()
+        return TaskOutput(tuple(out), tuple(changes))
+
+    def commit(self, offsets: StoredOffsets) -> None:
+        if self._overlay is not None:
+            self._overlay.commit(StoreOffsets(offsets.changelog_offset, offsets.input_offset))
+            self._overlay = None
+        requests, self._requests = self._requests, []
+        stage = self.stage
+        if stage is not None:
+            for request in requests:  # committed now: the model may run (DESIGN 5)
+                self._processor.stages.call(functools.partial(stage.submit, request))
+
+    def abort(self) -> None:
+        if self._overlay is not None:
+            self._overlay.abort()
+            self._overlay = None
+        self._requests = []
+
+    def wipe(self) -> None:
+        self._store.close()
+        shutil.rmtree(self._path, ignore_errors=True)
+        self._store = RocksStore(self._path)
+
+    def close(self) -> None:
+        if self.stage is not None:
+            self._processor.stages.wait(self.stage.cancel(), CANCEL_SECONDS)
+            self.stage = None
+        self._store.close()
+
+    @property
+    def in_flight(self) -> int:
+        return self.stage.in_flight if self.stage is not None else 0
+
+
+class Processor:
+    """Wires the loop, the tasks, the model stage and the clients of one instance."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: ProcessorConfig,
+        provider: ModelProvider,
+        *,
+        inputs_partitions: int,
+        codec: Codec | None = None,
+        verifier: Verifier | None = None,
+        default_config: ThreadConfig | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.provider = provider
+        self.topics = TopicNames.for_prefix(settings.topics.prefix)
+        self.codec = codec or Codec.from_url(settings.schema_registry.url)
+        self.writer = OutputWriter(self.topics, inputs_partitions, self.codec)
+        self.verifier = verifier
+        self.default_config = default_config
+        self.stages = StageThread()
+        self._sink_producer = make_producer(settings)
+        self.sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec)
+        self.tasks: dict[int, ThreadTask] = {}
+        self.loop = CheckpointLoop(
+            make_consumer(settings, config.app, instance_id=config.instance),
+            make_producer(settings, transactional_id=config.transactional_id),
+            make_consumer(settings, f"{config.app}.restore"),
+            self._open_task,
+            LoopSettings(self.topics.inputs, self.topics.changelog, commit_interval=config.commit_interval,
+                         commit_every=config.commit_every),
+            is_busy=self._is_busy,
+        )
+
+    def _open_task(self, partition: int) -> ThreadTask:
+        task = ThreadTask(partition, self)
+        self.tasks[partition] = task
+        return task
+
+    def _is_busy(self) -> bool:
+        self._sink_producer.poll(0)  # serve delivery reports so len() counts only the undelivered
+        return (
+            self.stages.scheduled > 0
+            or any(task.in_flight for task in self.tasks.values() if task.stage is not None)
+            or len(self._sink_producer) > 0
+        )
+
+    def run(self, should_stop: Callable[[], bool], *, until_idle: bool = False) -> None:
+        """Fold until `should_stop()` (or idle, with `until_idle`); then close cleanly.
+
+        Raises the loop's fatal errors (module docstring) after stopping the stage.
+        """
+        try:
+            self.loop.run(should_stop, until_idle=until_idle)
+            self.loop.close()
+            self._sink_producer.flush(10.0)
+        finally:
+            self.stages.stop()
