@@ -72,6 +72,9 @@ def test_start_status_stop_then_warm_restart_serves_records(broker_dir: Path) ->
     assert started.returncode == 0, started.stderr
     bootstrap = last_line(started.stdout)
     assert ADDRESS.match(bootstrap), started.stdout
+    # Ready means warmed up: the first transactional test does not create these.
+    topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+    assert {"__transaction_state", "__consumer_offsets"} <= set(topics)
 
     status = torpor("broker", "status", "--dir", str(broker_dir))
     assert status.returncode == 0
