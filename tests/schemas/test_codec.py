@@ -202,3 +202,20 @@ def test_encoding_a_record_that_does_not_fit_its_schema_raises_a_contract_error(
 def test_encoding_a_class_without_a_schema_raises_a_contract_error() -> None:
     with pytest.raises(ContractError, match="no Avro schema named 'ConfluentFrame'"):
         canonical_bytes(framing.ConfluentFrame(1))
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1])
+def test_an_int_outside_avro_long_is_a_contract_error(value: int) -> None:
+    with pytest.raises(ContractError, match="Usage does not fit its schema"):
+        encode_value(r.Usage(value, 0, 0))
+
+
+def test_a_string_that_is_not_unicode_text_is_a_contract_error() -> None:
+    with pytest.raises(ContractError, match="surrogates not allowed"):
+        encode_value(r.TextBlock("\udc80"))
+
+
+def test_invalid_utf8_in_a_body_is_a_decode_error() -> None:
+    data = encode_value(r.TextBlock("ab")).replace(b"ab", b"\xff\xfe")
+    with pytest.raises(DecodeError, match="UnicodeDecodeError"):
+        decode_value(data, r.TextBlock, topic=TOPIC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torpor.schemas.errors import ConfigError, RetriableError
+from torpor.schemas.errors import ConfigError, ContractError, RetriableError
 from torpor.schemas.registry import SchemaRegistry, redact
 
 LONG = '"long"'
@@ -41,3 +41,17 @@ def test_credentials_in_the_url_never_reach_a_repr_or_an_error() -> None:
     with pytest.raises(RetriableError) as caught:
         registry.schema_text(1)
     assert "s3cret" not in str(caught.value)
+
+
+def test_without_auto_registration_an_unregistered_schema_is_a_contract_error() -> None:
+    registry = SchemaRegistry.from_url("mock://test-registry-locked", auto_register=False)
+    with pytest.raises(ContractError, match="auto-registration is off"):
+        registry.register("torpor.inputs-value", LONG)
+
+
+def test_without_auto_registration_a_registered_schema_is_looked_up() -> None:
+    writer = SchemaRegistry.from_url("mock://test-registry-ci")
+    schema_id = writer.register("torpor.inputs-value", LONG)
+    # A second client on the same registry (here: the same in-process mock client).
+    reader = SchemaRegistry(writer._client, "mock://test-registry-ci", auto_register=False)
+    assert reader.register("torpor.inputs-value", LONG) == schema_id

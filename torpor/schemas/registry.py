@@ -5,9 +5,11 @@ in-process twin for ``mock://`` URLs) and caches what it learns, so a producer t
 the registry once per (subject, schema) and a consumer once per schema id:
 
 - `register(subject, schema_text) -> int`: the id of the Avro schema under `subject`
-  (``<topic>-value``), registering it if it is new. Raises `ContractError` if the
-  registry refuses it (for instance as incompatible with the subject's earlier
-  versions), and `RetriableError` if the registry cannot be reached or fails.
+  (``<topic>-value``), registering it if it is new. With ``auto_register=False`` (for
+  registries where only CI registers schemas) it only looks the schema up. Raises
+  `ContractError` if the registry refuses the schema (for instance as incompatible
+  with the subject's earlier versions) or, without auto-registration, lacks it; and
+  `RetriableError` if the registry cannot be reached or fails.
 - `schema_text(schema_id) -> str | None`: the schema registered under `schema_id`, or
   None if the registry does not know the id. Raises `RetriableError` as above.
 
@@ -42,17 +44,20 @@ class SchemaRegistry:
     Thread-safe: the caches are guarded by a lock; the client is safe to share.
     """
 
-    __slots__ = ("_client", "_ids", "_lock", "_texts", "url")
+    __slots__ = ("_client", "_ids", "_lock", "_texts", "auto_register", "url")
 
-    def __init__(self, client: SchemaRegistryClient, url: str = "?") -> None:
+    def __init__(self, client: SchemaRegistryClient, url: str = "?", *, auto_register: bool = True) -> None:
         self._client = client
         self.url = redact(url)
+        self.auto_register = auto_register
         self._ids: dict[tuple[str, str], int] = {}
         self._texts: dict[int, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, conf: Mapping[str, str | int] | None = None) -> SchemaRegistry:
+    def from_url(
+        cls, url: str, conf: Mapping[str, str | int] | None = None, *, auto_register: bool = True
+    ) -> SchemaRegistry:
         """A registry client for `url`; ``mock://<name>`` gives confluent-kafka's in-process twin.
 
         `conf` holds further client settings (``basic.auth.user.info``, TLS paths). Raises
@@ -62,7 +67,7 @@ class SchemaRegistry:
             client = SchemaRegistryClient.new_client({**(conf or {}), "url": url})
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"schema registry {redact(url)!r}: {exc}") from exc
-        return cls(client, url)
+        return cls(client, url, auto_register=auto_register)
 
     def __repr__(self) -> str:
         # The client config may hold credentials; only the redacted URL is shown.
@@ -76,8 +81,16 @@ class SchemaRegistry:
         if cached is not None:
             return cached
         try:
-            schema_id = int(self._client.register_schema(subject, Schema(schema_text, AVRO)))
+            if self.auto_register:
+                schema_id = int(self._client.register_schema(subject, Schema(schema_text, AVRO)))
+            else:
+                schema_id = int(self._client.lookup_schema(subject, Schema(schema_text, AVRO)).schema_id)
         except SchemaRegistryError as exc:
+            if exc.http_status_code == _NOT_FOUND and not self.auto_register:
+                raise ContractError(
+                    f"schema registry {self.url} has no such schema under subject {subject!r} and "
+                    "auto-registration is off: register this build's schema first"
+                ) from exc
             if exc.http_status_code in _CLIENT_ERRORS:
                 raise ContractError(
                     f"schema registry {self.url} refused the schema for subject {subject!r}: "
