@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from torpor.schemas.codec import (
     encode_value,
     schema_for,
 )
-from torpor.schemas.errors import ContractError, DecodeError
+from torpor.schemas.errors import ContractError, DecodeError, SchemaMismatchError
 from torpor.schemas.registry import SchemaRegistry
 
 TOPIC = "torpor.inputs"
@@ -219,3 +221,17 @@ def test_invalid_utf8_in_a_body_is_a_decode_error() -> None:
     data = encode_value(r.TextBlock("ab")).replace(b"ab", b"\xff\xfe")
     with pytest.raises(DecodeError, match="UnicodeDecodeError"):
         decode_value(data, r.TextBlock, topic=TOPIC)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Not the wire record: an effect-like class that happens to share its name."""
+
+    request_id: str
+
+
+def test_a_same_named_class_of_another_shape_is_a_schema_mismatch() -> None:
+    with pytest.raises(SchemaMismatchError, match=r"do not match schema torpor\.Dispatch"):
+        canonical_bytes(Dispatch("q"))
+    with pytest.raises(SchemaMismatchError):
+        decode_value(encode_value(HELLO), Dispatch)

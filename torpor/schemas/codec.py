@@ -28,7 +28,8 @@ Every decoding failure raises `DecodeError` naming topic, partition, offset and 
 cause: bad framing, an unknown fingerprint or schema id, truncated or trailing bytes, a
 union branch the reader does not know, or a writer schema that cannot be resolved to the
 reader's. Encoding a record that does not fit its schema raises `ContractError` (a bug in
-the producer, not a condition to retry).
+the producer, not a condition to retry). Using a class whose fields differ from the
+schema of its name raises `SchemaMismatchError` on first use, encoding or decoding.
 
 Timestamps: the schemas mark ms times as ``timestamp-millis`` for other languages. The
 codec parses its schemas with logical types removed, so times stay plain `int` ms, as
@@ -39,6 +40,7 @@ Form drops logical types). Schema evolution must be backward and forward compati
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import json
@@ -52,7 +54,7 @@ import fastavro
 
 from torpor.schemas import framing
 from torpor.schemas.convert import NAMESPACE, RecordPlan, plan_for
-from torpor.schemas.errors import ContractError, DecodeError
+from torpor.schemas.errors import ContractError, DecodeError, SchemaMismatchError
 from torpor.schemas.registry import SchemaRegistry
 
 T = TypeVar("T")
@@ -302,7 +304,21 @@ class Codec:
         found = self._classes.get(cls)
         if found is None:
             known = self._catalog.schema_for(cls)
-            found = _ClassCodec(plan_for(cls), known, framing.single_object_header(known.fingerprint))
+            try:
+                plan = plan_for(cls)
+            except TypeError as exc:
+                raise SchemaMismatchError(str(exc)) from exc
+            # Schemas are found by class name; a same-named class of another shape (an
+            # effect called `Dispatch`, say) must fail here, not write garbage.
+            fields = typing.cast(list[dict[str, object]], known.parsed["fields"])
+            schema_fields = [str(f["name"]) for f in fields]
+            class_fields = [f.name for f in dataclasses.fields(cls)]
+            if schema_fields != class_fields:
+                raise SchemaMismatchError(
+                    f"{cls.__module__}.{cls.__qualname__} fields {class_fields} do not match "
+                    f"schema {known.name} fields {schema_fields}"
+                )
+            found = _ClassCodec(plan, known, framing.single_object_header(known.fingerprint))
             # A race computes an equal value twice; keeping either is harmless.
             self._classes[cls] = found
         return found

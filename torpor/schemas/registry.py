@@ -81,10 +81,11 @@ class SchemaRegistry:
         if cached is not None:
             return cached
         try:
+            found: int | None
             if self.auto_register:
-                schema_id = int(self._client.register_schema(subject, Schema(schema_text, AVRO)))
+                found = self._client.register_schema(subject, Schema(schema_text, AVRO))
             else:
-                schema_id = int(self._client.lookup_schema(subject, Schema(schema_text, AVRO)).schema_id)
+                found = self._client.lookup_schema(subject, Schema(schema_text, AVRO)).schema_id
         except SchemaRegistryError as exc:
             if exc.http_status_code == _NOT_FOUND and not self.auto_register:
                 raise ContractError(
@@ -100,6 +101,9 @@ class SchemaRegistry:
             raise RetriableError(f"schema registry {self.url} failed to register {subject!r}: {exc}") from exc
         except Exception as exc:  # the HTTP client raises its own transport errors
             raise RetriableError(f"schema registry {self.url} unreachable: {exc}") from exc
+        if found is None:
+            raise RetriableError(f"schema registry {self.url} returned no schema id for {subject!r}")
+        schema_id = int(found)
         with self._lock:
             self._ids[key] = schema_id
             self._texts.setdefault(schema_id, schema_text)
