@@ -1,0 +1,38 @@
+"""Model providers behind the `torpor.processors.model.ModelProvider` seam.
+
+- `openai_compat.OpenAICompatProvider`: OpenAI and every OpenAI-compatible server
+  (vLLM, Ollama, llama.cpp, LiteLLM), streaming chat completions with tools;
+- `anthropic_provider.AnthropicProvider`: Anthropic Messages, with tool use and extended
+  thinking (signatures kept);
+- `registry.ModelRouter` / `provider_for`: pick one by a model string
+  (`openai:gpt-4o-mini`, `anthropic:claude-...`, `scripted`) from `settings.ProviderSettings`.
+
+How history is shown to a model is pure and lives apart from the clients:
+`turns` (the provider-neutral conversation), `mapping_openai`, `mapping_anthropic`.
+Failures are classified in `errors` (extending the seam's `TransientModelError` and
+`PermanentModelError`); `stall` bounds how long a stream may stay silent.
+Bedrock is not implemented.
+"""
+
+from __future__ import annotations
+
+from torpor.processors.providers.anthropic_provider import AnthropicProvider
+from torpor.processors.providers.errors import IncompleteStreamError, RateLimitedError, StreamStalledError
+from torpor.processors.providers.openai_compat import OpenAICompatProvider
+from torpor.processors.providers.registry import Backend, ModelRef, ModelRouter, parse_model, provider_for
+from torpor.processors.providers.settings import EndpointSettings, ProviderSettings
+
+__all__ = [
+    "AnthropicProvider",
+    "Backend",
+    "EndpointSettings",
+    "IncompleteStreamError",
+    "ModelRef",
+    "ModelRouter",
+    "OpenAICompatProvider",
+    "ProviderSettings",
+    "RateLimitedError",
+    "StreamStalledError",
+    "parse_model",
+    "provider_for",
+]

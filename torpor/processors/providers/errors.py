@@ -1,0 +1,98 @@
+"""The provider failures the model seam does not name, and how HTTP failures map onto it.
+
+Everything here is a subclass of the seam's own classes (`torpor.processors.model`), so
+the model stage, which retries `TransientModelError` and fails on `PermanentModelError`,
+needs no change to handle them::
+
+    ModelError
+    ├── TransientModelError          retry after a backoff
+    │   ├── RateLimitedError         429 / overloaded; `retry_after_s` when the server said
+    │   ├── StreamStalledError       no chunk within the stall timeout
+    │   └── IncompleteStreamError    the stream ended without its final message
+    └── PermanentModelError          400, 401, 403, 404, 422: fix the request or the settings
+
+`classify_status(status, message, headers)` is the one table from an HTTP status to a
+class; both adapters call it, so OpenAI-compatible servers and Anthropic agree on what
+a 409 or a 529 means.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Mapping
+from typing import Final
+
+from torpor.processors.model import ModelError, PermanentModelError, TransientModelError
+
+
+class RateLimitedError(TransientModelError):
+    """The provider asked us to slow down. `retry_after_s` is its hint, if it gave one.
+
+    The model stage may wait at least that long before the next attempt; waiting less
+    only earns another 429.
+    """
+
+    kind = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StreamStalledError(TransientModelError):
+    """No chunk arrived within the stall timeout; the partial turn was discarded."""
+
+    kind = "stalled"
+
+
+class IncompleteStreamError(TransientModelError):
+    """The stream ended (or dropped) before its final message; the partial turn was discarded."""
+
+    kind = "incomplete"
+
+
+# Statuses a retry may cure: timeouts, conflicts (a concurrent request on the same
+# resource), rate limits, server errors and Anthropic's 529 "overloaded".
+_TRANSIENT_STATUSES: Final = frozenset({408, 409, 425, 429})
+# A retry-after longer than this is a quota reset rather than a pause; we still report it,
+# but cap it so one header cannot park a thread's retries for a day.
+_MAX_RETRY_AFTER_S: Final = 3600.0
+
+
+def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The server's retry hint in seconds, from `retry-after-ms` or `retry-after`, or None.
+
+    `retry-after` may be seconds or an HTTP date (RFC 9110); an unparseable value is no hint.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return min(max(float(raw_ms) / 1000.0, 0.0), _MAX_RETRY_AFTER_S)
+        except ValueError:
+            pass
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return min(max(float(raw), 0.0), _MAX_RETRY_AFTER_S)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    moment = time.time() if now is None else now
+    return min(max(when.timestamp() - moment, 0.0), _MAX_RETRY_AFTER_S)
+
+
+def classify_status(status: int, message: str, headers: Mapping[str, str]) -> ModelError:
+    """The model error for an HTTP error `status` (4xx or 5xx) with the server's `message`."""
+    if status == 429:
+        return RateLimitedError(f"rate limited (429): {message}", retry_after_s(headers))
+    if status == 529:  # Anthropic: overloaded, which is a rate limit on the whole service
+        return RateLimitedError(f"overloaded (529): {message}", retry_after_s(headers))
+    if status in _TRANSIENT_STATUSES or status >= 500:
+        return TransientModelError(f"server error ({status}): {message}")
+    return PermanentModelError(f"request refused ({status}): {message}")
