@@ -513,8 +513,10 @@ def default_codec() -> Codec:
 def canonical_bytes(record: object) -> bytes:
     """The schemaless Avro binary encoding of `record` under its current schema.
 
-    Deterministic: equal records give equal bytes; this is what the history hash chain
-    and signatures cover. Raises `ContractError` if `record` is not a record class of
+    Deterministic: the same record value gives the same bytes in every process and
+    language (doubles are their IEEE bits, so ``0.0`` and ``-0.0`` differ although they
+    compare equal in Python). The history hash chain and signatures cover these bytes.
+    Raises `ContractError` if `record` is not a record class of
     `records.py` or does not fit its schema.
     """
     return default_codec().canonical_bytes(record)
