@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.streams.counter_rig import read_committed
@@ -67,6 +67,10 @@ turns = [{ text = "The echo said ping." }]
 [[model]]
 last_contains = "ping"
 turns = [{ text = "Pinging.", calls = [{ name = "echo", arguments = { text = "ping" } }] }]
+
+[[model]]
+last_contains = "slowly"
+turns = [{ text = "Pinging.", delay_s = 2.0, calls = [{ name = "echo", arguments = { text = "ping" } }] }]
 
 [[model]]
 last_contains = "hello"
@@ -158,6 +162,39 @@ class Deployment:
         return texts
 
 
+class Tail:
+    """A read_committed reader of one topic that keeps its place, for cheap progress checks."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tail-{uuid.uuid4().hex}",
+                                   "isolation.level": "read_committed", "enable.auto.commit": False,
+                                   "auto.offset.reset": "earliest"})
+        self._consumer.subscribe([topic])
+        self.values: list[bytes] = []
+
+    def _drain(self) -> None:
+        for message in self._consumer.consume(1000, timeout=0.2):
+            if message.error() is None:
+                self.values.append(message.value() or b"")
+
+    def count(self) -> int:
+        self._drain()
+        return len(self.values)
+
+    def answers(self) -> list[tuple[str, str]]:
+        """(thread id, text) of every committed model turn seen so far."""
+        self._drain()
+        found: list[tuple[str, str]] = []
+        for value in self.values:
+            event = decode_value(value, ThreadEvent)
+            if event.kind == "turn_committed" and event.entry is not None:
+                body = event.entry.body
+                if isinstance(body, AssistantEntry):
+                    found.append((event.thread_id, " ".join(b.text for b in body.content
+                                                            if isinstance(b, TextBlock))))
+        return found
+
+
 @pytest.fixture
 def deployment(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Deployment]:
     found = Deployment(kafka_bootstrap, tmp_path)
@@ -229,6 +266,49 @@ def test_one_agent_turn_runs_end_to_end_through_kafka(deployment: Deployment) ->
     expected = partition_for(thread_id.encode(), PARTITIONS)
     assert {p for k, _, p in deployment.records("inputs") if k == thread_id.encode()} == {expected}
     assert {p for k, _, p in deployment.records("changelog")} <= set(range(PARTITIONS))
+
+
+def _assert_exactly_once(deployment: Deployment) -> None:
+    """Each input record has one receipt; each message id one non-duplicate; no dispatch twice."""
+    copies = Counter(i.message_id for i in deployment.inputs())
+    receipts = deployment.receipts()
+    assert Counter(r.input_id for r in receipts) == copies
+    decisive = Counter(r.input_id for r in receipts if r.disposition not in ("duplicate", "stale"))
+    assert decisive == Counter(set(copies)), "an input folded twice (or never)"
+    request_ids = Counter(d.request_id for d in deployment.dispatches())
+    assert all(n == 1 for n in request_ids.values()), f"dispatched twice: {request_ids}"
+
+
+def test_sigkilled_processor_restarts_and_every_turn_completes_exactly_once(deployment: Deployment) -> None:
+    threads = [f"kill-{i:02d}-{uuid.uuid4().hex[:6]}" for i in range(30)]
+    for thread_id in threads:
+        deployment.send(*_conversation(thread_id, "please ping slowly"))
+    echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}"], "echo")
+    receipts = Tail(deployment.bootstrap, deployment.topic("receipts"))
+    # 5 inputs per thread (create, text, completion, tool result, completion). The first
+    # kill lands while every model call is in flight (the restart must re-issue them),
+    # the next two among the tool results and the final completions.
+    for kill, threshold in enumerate((60, 95, 125)):
+        processor = deployment.start(deployment.processor_args(), f"processor-{kill}")
+        wait_until(lambda t=threshold: receipts.count() >= t, timeout=120,  # type: ignore[misc]
+                   message=f"{threshold} receipts before kill {kill}")
+        processor.send_signal(signal.SIGKILL)
+        processor.wait(timeout=30)
+    processor = deployment.start(deployment.processor_args(), "processor-last")
+    finals = Tail(deployment.bootstrap, deployment.topic("events"))
+
+    def all_answered() -> bool:
+        return len({thread for thread, text in finals.answers() if text == "The echo said ping."}) == 30
+
+    wait_until(all_answered, timeout=180, message="every thread's final answer after the kills")
+    for process in (processor, echo):
+        process.send_signal(signal.SIGTERM)
+    assert processor.wait(timeout=60) == 0, deployment.log("processor-last")[-3000:]
+    answers: dict[str, list[str]] = {}
+    for thread_id, text in finals.answers():
+        answers.setdefault(thread_id, []).append(text)
+    assert answers == {t: ["Pinging.", "The echo said ping."] for t in threads}
+    _assert_exactly_once(deployment)
 
 
 def test_until_idle_exits_once_the_model_answered_and_nothing_is_in_flight(deployment: Deployment) -> None:
