@@ -45,11 +45,12 @@ judges each input exactly as it was judged live (DESIGN 2.1, section 3). The ord
    must sign, else (after the expiry check of step 6) `signature_not_required`.
 2. A signature without a key id: `forged`, `missing_key_id`.
 3. Key id not in the ring: `forged`, `unknown_key`.
-4. No version of the key is valid at `created_at`: `expired`, `key_not_valid_at_time`
-   if the signature checks against some version of the id (a real key used outside its
-   window), else `forged`, `bad_signature` (a forger never learns about windows).
-   Otherwise the signature must check against the version valid at `created_at`:
-   `forged`, `bad_signature` if it does not (also for a signature that is not 64 bytes).
+4. The signature must check against the version of the key valid at `created_at`. If
+   no version is valid then, or that version's key does not check: `expired`,
+   `key_not_valid_at_time` if the signature checks against another version of the id (a
+   real key used outside its window: revoked, or not yet valid), else `forged`,
+   `bad_signature` (also for a signature that is not 64 bytes). A forger never learns
+   about windows.
 5. Scope of that version: the source must match one of its `sources` patterns
    (`forged`, `key_not_allowed_for_source`); if the caller passes the `tool` the input
    answers for, one of its `tools` (`key_not_allowed_for_tool`); if it passes the
@@ -249,11 +250,11 @@ def verify(
         # Nothing can have signed bytes that do not exist; a receipt, not a crash.
         return Verdict(FORGED, BAD_SIGNATURE, key_id)
     version = keyring.version_at(key_id, record.created_at)
-    if version is None:
-        if any(_checks(v, record.signature, message) for v in versions):
+    if version is None or not _checks(version, record.signature, message):
+        others = (v for v in versions if v is not version)
+        if any(_checks(v, record.signature, message) for v in others):
+            # A real key of this id, used at a time outside its own window.
             return Verdict(EXPIRED, KEY_NOT_VALID_AT_TIME, key_id)
-        return Verdict(FORGED, BAD_SIGNATURE, key_id)
-    if not _checks(version, record.signature, message):
         return Verdict(FORGED, BAD_SIGNATURE, key_id)
     if not version.may_sign_source(record.source):
         return Verdict(FORGED, KEY_NOT_ALLOWED_FOR_SOURCE, key_id)
