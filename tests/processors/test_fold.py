@@ -865,3 +865,35 @@ def test_a_stopped_child_sends_its_one_terminal_report_and_resume_does_not_repea
     world.reply(child, "bye", (call("k", "close_thread", {"report": "x"}),))
     terminal = [i for i in world.inputs if isinstance(i.body, ChildReport) and i.body.kind != "report"]
     assert len(terminal) == 1
+
+
+def test_the_fold_modules_import_no_clock_randomness_os_or_logging() -> None:
+    import ast
+    from pathlib import Path
+
+    import torpor.processors as package
+
+    forbidden = {"time", "random", "uuid", "os", "logging", "secrets", "socket"}
+    pure = (
+        "fold",
+        "state",
+        "history",
+        "builtins",
+        "calls",
+        "children",
+        "draft",
+        "inbound",
+        "pending",
+        "receipts",
+    )
+    for name in pure:
+        tree = ast.parse((Path(package.__file__).parent / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert not roots & forbidden, (name, roots)
+            assert not any(r == "torpor" and "streams" in ast.unparse(node) for r in roots), name
