@@ -29,7 +29,7 @@ from tests.processors.fold_scenarios import (
 from torpor.processors.history import chain
 from torpor.processors.state import CallKind, Status
 from torpor.schemas.codec import canonical_bytes
-from torpor.schemas.records import Input, TimerFired, ToolCall
+from torpor.schemas.records import AssistantEntry, Input, TimerFired, ToolCall, ToolResultEntry
 
 CHOICES = st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=40)
 
@@ -196,6 +196,16 @@ class ThreadLifecycle(RuleBasedStateMachine):
                 assert state.pending_calls and state.pending_request is None
             if state.status is Status.IDLE:
                 assert not state.pending_calls and state.pending_request is None and not state.deferred
+
+    @invariant()
+    def the_calls_without_a_result_are_exactly_the_pending_ones(self) -> None:
+        for thread, state in self.world.states.items():
+            if state is None:
+                continue
+            rows = self.world.histories.get(thread, [])
+            made = {c.call_id for e in rows if isinstance(e.body, AssistantEntry) for c in e.body.tool_calls}
+            answered = {e.body.call_id for e in rows if isinstance(e.body, ToolResultEntry)}
+            assert made - answered == {c.call_id for c in state.pending_calls}
 
     @invariant()
     def every_answered_call_has_exactly_one_result(self) -> None:
