@@ -39,7 +39,12 @@ from torpor.processors.model import (
     TextDelta,
     TransientModelError,
 )
-from torpor.processors.providers.errors import RateLimitedError, classify_status, retry_after_s
+from torpor.processors.providers.errors import (
+    IncompleteStreamError,
+    RateLimitedError,
+    classify_status,
+    retry_after_s,
+)
 from torpor.processors.providers.mapping_anthropic import MessageTurn, anthropic_messages, anthropic_tools
 from torpor.processors.providers.settings import EndpointSettings
 from torpor.processors.providers.stall import within
@@ -77,7 +82,7 @@ def anthropic_client(settings: EndpointSettings) -> AsyncAnthropic:
 def translate(exc: anthropic.AnthropicError | httpx2.HTTPError) -> ModelError:
     """The model error for a client exception (see the module docstring)."""
     if isinstance(exc, httpx2.HTTPError):  # the stream dropped: its reader does not wrap these
-        return TransientModelError(f"the message stream broke off: {type(exc).__name__}: {exc}")
+        return IncompleteStreamError(f"the message stream broke off: {type(exc).__name__}: {exc}")
     if isinstance(exc, anthropic.APIStatusError):
         message = exc.api_message or exc.message
         if exc.type in _RATE_LIMITED:

@@ -40,7 +40,7 @@ from torpor.processors.model import (
     TextDelta,
     TransientModelError,
 )
-from torpor.processors.providers.errors import classify_status
+from torpor.processors.providers.errors import IncompleteStreamError, classify_status
 from torpor.processors.providers.mapping_openai import ChatTurn, chat_messages, chat_tools
 from torpor.processors.providers.settings import EndpointSettings
 from torpor.processors.providers.stall import within
@@ -62,12 +62,19 @@ def openai_client(settings: EndpointSettings) -> AsyncOpenAI:
     )
 
 
-def translate(exc: openai.OpenAIError) -> ModelError:
-    """The model error for a client exception (see the module docstring)."""
+def translate(exc: openai.OpenAIError, midstream: bool = False) -> ModelError:
+    """The model error for a client exception (see the module docstring).
+
+    `midstream`: raised while reading the body, where a connection error means the
+    stream broke off rather than that the server is unreachable.
+    """
     if isinstance(exc, openai.APIStatusError):
         return classify_status(exc.status_code, exc.message, exc.response.headers)
     if isinstance(exc, openai.APIConnectionError):  # timeouts included
-        return TransientModelError(f"cannot reach the model server: {exc.message}")
+        cause = f"{type(exc.__cause__).__name__}: {exc.__cause__}" if exc.__cause__ else exc.message
+        if midstream:
+            return IncompleteStreamError(f"the stream broke off before its end: {cause}")
+        return TransientModelError(f"cannot reach the model server: {cause}")
     if isinstance(exc, openai.APIError) and exc.type in _PERMANENT_TYPES:
         return PermanentModelError(f"the server refused the request mid-stream: {exc.message}")
     # An error event inside a stream, a malformed response: the server's trouble, not ours.
@@ -129,7 +136,7 @@ class OpenAICompatProvider:
                 if text:
                     yield TextDelta(text)
         except openai.OpenAIError as exc:
-            raise translate(exc) from exc
+            raise translate(exc, midstream=True) from exc
         finally:
             # Closed before `Finished` is yielded: the caller may stop iterating there.
             await stream.close()
