@@ -204,3 +204,21 @@ def test_max_output_tokens_is_sent_when_set() -> None:
     )
     assert server.requests[0].body["max_completion_tokens"] == 256
     assert json.dumps(server.requests[0].body).count("max_tokens") == 0
+
+
+def test_whole_calls_without_an_index_each_get_their_own_call() -> None:
+    # Some compatible servers (older Ollama) send each call whole, with no `index`.
+    whole = [
+        {
+            "id": f"call_{n}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "X"}'},
+        }
+        for n in (1, 2)
+    ]
+    chunks = [wire.oai_chunk({"role": "assistant", "tool_calls": whole}), wire.oai_chunk({}, "tool_calls")]
+    _, finished, _ = run(_complete([wire.Reply(body=wire.openai_sse(chunks))]))
+    assert [(c.call_id, c.arguments) for c in finished.tool_calls] == [
+        ("call_1", '{"city": "X"}'),
+        ("call_2", '{"city": "X"}'),
+    ]

@@ -168,7 +168,9 @@ class ChatTurn:
             self.usage = Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens)
         delta_text: list[str] = []
         # Only choice 0: Torpor never asks for n > 1.
-        for choice in (c for c in chunk.choices if c.index == 0):
+        # `or ()` and `getattr`: the client builds chunks without validation, and some
+        # compatible servers send `choices: null` or leave out a choice's index.
+        for choice in (c for c in chunk.choices or () if getattr(c, "index", 0) in (0, None)):
             delta = choice.delta
             if delta.content:
                 self.text.append(delta.content)
@@ -178,7 +180,9 @@ class ChatTurn:
             if isinstance(thought, str) and thought:
                 self.reasoning.append(thought)
             for fragment in delta.tool_calls or ():
-                call = self.calls.setdefault(fragment.index, _PartialCall())
+                call = self.calls.setdefault(
+                    self._slot(fragment.id, getattr(fragment, "index", None)), _PartialCall()
+                )
                 if fragment.id:
                     call.call_id = fragment.id
                 if fragment.function is not None:
@@ -189,6 +193,15 @@ class ChatTurn:
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason
         return "".join(delta_text) or None
+
+    def _slot(self, call_id: str | None, index: int | None) -> int:
+        """Where a tool call fragment goes: its index, or (servers that send none, like older
+        Ollama) a new slot for a fragment with an id, else the latest call."""
+        if index is not None:
+            return index
+        if call_id or not self.calls:
+            return max(self.calls, default=-1) + 1
+        return max(self.calls)
 
     def finished(self, fallback_call_id: str) -> Finished:
         """The whole turn. Raises `IncompleteStreamError` if no finish reason arrived.

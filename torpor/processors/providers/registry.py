@@ -73,9 +73,7 @@ def parse_model(model: str) -> ModelRef:
     return ModelRef(backend, name)
 
 
-def provider_for(
-    model: str, settings: ProviderSettings, script: Sequence[ScriptRule] = ()
-) -> ModelProvider:
+def provider_for(model: str, settings: ProviderSettings, script: Sequence[ScriptRule] = ()) -> ModelProvider:
     """A provider serving `model`, with its own client. Raises `ConfigError` for a bad string."""
     ref = parse_model(model)
     match ref.backend:
