@@ -42,12 +42,14 @@ class CounterRig:
     partitions: int
 
     def command(self, *, until_idle: bool, instance: str = "i0", commit_every: int = 1000,
-                max_batch: int = 500) -> list[str]:
+                max_batch: int = 500, fetch_bytes: int | None = None) -> list[str]:
         args = [sys.executable, "-m", "tests.streams.counter_task", "--bootstrap", self.bootstrap,
                 "--inputs", self.inputs, "--changelog", self.changelog, "--out", self.out,
                 "--parked", self.parked, "--group", self.group, "--instance", instance,
                 "--store", str(self.store), "--commit-every", str(commit_every),
                 "--max-batch", str(max_batch)]
+        if fetch_bytes is not None:
+            args += ["--fetch-bytes", str(fetch_bytes)]
         return [*args, "--until-idle"] if until_idle else args
 
     def start(self, *, until_idle: bool = False, env: Mapping[str, str] | None = None,
@@ -154,3 +156,15 @@ def assert_exactly_once(rig: CounterRig, inputs: list[tuple[bytes, bytes]]) -> N
     assert seen[POISON] == sum(1 for _, v in inputs if v == POISON)
     expected = Counter(k for k, v in inputs if v != POISON)
     assert rig.counts() == dict(expected)
+
+
+def assert_counts_are_gapless(rig: CounterRig, inputs: list[tuple[bytes, bytes]]) -> None:
+    """Each key's counts on `out` are exactly 1..n: no input counted twice, even across owners."""
+    counts: dict[bytes, list[int]] = {}
+    for key, value in rig.read_committed(rig.out):
+        _, _, count = (value or b"").partition(b"|")
+        if key is not None and count != b"parked":
+            counts.setdefault(key, []).append(int(count))
+    expected = Counter(k for k, v in inputs if v != POISON)
+    gapless = {k: list(range(1, n + 1)) for k, n in expected.items()}
+    assert {k: sorted(c) for k, c in counts.items()} == gapless

@@ -17,7 +17,6 @@ SIGKILL. Crash points for tests, by environment variable (the process `os._exit(
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ from typing import Final
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from torpor.cli.logs import configure
 from torpor.streams.clients import make_consumer, make_producer
 from torpor.streams.config import KafkaSettings, Settings
 from torpor.streams.loop import CheckpointLoop, LoopSettings
@@ -157,9 +157,13 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--until-idle", action="store_true")
     parser.add_argument("--commit-every", type=int, default=1000)
     parser.add_argument("--max-batch", type=int, default=500)
+    # Small fetches interleave the partitions in the consumer's queue (a big fetch brings
+    # one partition's whole backlog first), so every partition makes progress early.
+    parser.add_argument("--fetch-bytes", type=int, default=None)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = Settings(kafka=KafkaSettings(bootstrap_servers=args.bootstrap))
+    configure("info")
+    overrides = () if args.fetch_bytes is None else (("max.partition.fetch.bytes", str(args.fetch_bytes)),)
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=args.bootstrap, librdkafka_overrides=overrides))
     root = Path(args.store)
     consumer = make_consumer(settings, args.group, instance_id=args.instance)
     restore_consumer = make_consumer(settings, f"{args.group}.restore")

@@ -9,6 +9,7 @@ then checks exactly-once from the outside: every input appears once on `out`
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import subprocess
 import uuid
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TopicFactory
-from tests.streams.counter_rig import CounterRig, assert_exactly_once
+from tests.streams.counter_rig import CounterRig, assert_counts_are_gapless, assert_exactly_once
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -119,3 +120,32 @@ def test_a_paused_zombie_is_fenced_and_exits_non_zero(rig: CounterRig) -> None:
     log = "\n".join(p.read_text() for p in rig.store.parent.glob("zombie-*.log"))
     assert "fatal:" in log, log[-3000:]
     assert_exactly_once(successor, inputs)
+
+
+def test_a_second_instance_takes_partitions_over_mid_stream_without_double_counting(rig: CounterRig) -> None:
+    # A first run gives every partition state, so whichever partition moves has a
+    # changelog to restore and a committed offset to check it against.
+    inputs = rig.produce_inputs(3000, keys=30)
+    _ok(rig.run_until_idle())
+    inputs += rig.produce_inputs(24000, keys=30, first=3000)
+    first = rig.start(commit_every=40, max_batch=10, instance="i0", log_name="i0")
+    rig.wait_for_out(6000)
+    # Another host: its own store folder (it restores the partitions it gets from the
+    # changelog); cooperative-sticky moves only those, and i0 commits before letting go.
+    second_rig = dataclasses.replace(rig, store=rig.store.parent / "i1")
+    second = second_rig.start(commit_every=40, max_batch=10, instance="i1", log_name="i1")
+
+    def logs_of(name: str) -> str:
+        return "\n".join(p.read_text() for p in rig.store.parent.glob(f"{name}-*.log"))
+
+    wait_until(lambda: "partition restored" in logs_of("i1"), timeout=60, message="i1 got partitions")
+    wait_until(lambda: len(rig.read_committed(rig.out)) >= len(inputs), timeout=240,
+               message="every input folded by the two instances")
+    for process in (first, second):
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    seen = rig.out_values()
+    assert sorted(seen) == sorted(v for _, v in inputs)
+    assert_counts_are_gapless(rig, inputs)
+    assert re.search(r"restored \([1-9]\d* changelog records", logs_of("i1")), logs_of("i1")
+    assert "partition closed" in logs_of("i0")

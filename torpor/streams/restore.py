@@ -1,12 +1,13 @@
 """Restore a partition's store from the compacted changelog, and check it against the group.
 
-Contract of `restore_partition(consumer, changelog, partition, task, deadline)`:
+Contract of `restore_partitions(consumer, changelog, targets, deadline)` (and of
+`restore_partition`, its one-partition form):
 
-1. It reads changelog partition `partition` with `consumer` (read_committed, never in a
-   group: it only `assign`s) from the record after the store's `changelog_offset` (from
-   offset 0 when the store is empty or was wiped) up to the partition's end, the last
-   stable offset as read_committed sees it.
-2. Each record is written to the store exactly as it is (key, value; a null value is a
+1. It reads each changelog partition of `targets` with `consumer` (read_committed, never
+   in a group: it only `assign`s), all of them at once, from the record after the store's
+   `changelog_offset` (from offset 0 when the store is empty or was wiped) up to the
+   partition's end, the last stable offset as read_committed sees it.
+2. Each record is written to its store exactly as it is (key, value; a null value is a
    delete), in batches of `batch_size`, each batch with the offsets it reaches, so an
    interrupted restore resumes where it stopped.
 3. The loop's checkpoint record (`CHECKPOINT_KEY`, header `CHECKPOINT_HEADER`) is not a
@@ -14,11 +15,13 @@ Contract of `restore_partition(consumer, changelog, partition, task, deadline)`:
    the store's `input_offset`. The loop writes one per partition in every checkpoint,
    so the changelog alone says how far the inputs were folded, even when the store
    missed the last write batch (a crash between the commit and RocksDB).
+4. A store that claims a changelog offset past the changelog's end (the changelog was
+   deleted or recreated) is wiped, loudly, and restored from offset 0.
 
-It returns a `RestoreResult`. It raises `RetriableError` when the deadline passes before
-the end is reached (a transaction of a dead previous owner can hold the end back until
-the broker times it out) and `StoreCorruptedError` when the store claims a changelog
-offset past the changelog's end (the changelog was deleted or recreated: wipe the store).
+It returns a `RestoreResult` per partition. It raises `RetriableError` when the deadline
+passes before the end is reached (a transaction of a dead previous owner can hold the
+end back until the broker times it out), and `StoreCorruptedError` for a changelog
+record without a key (someone else wrote to the changelog).
 
 `check_offsets(stored, committed, ...)` is the gate before folding: the store's input
 offset must equal the group's committed offset, or folding would apply inputs twice or
@@ -28,9 +31,10 @@ it raises `OffsetMismatchError`, which names both offsets and what to do.
 
 from __future__ import annotations
 
+import logging
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
@@ -47,6 +51,8 @@ from torpor.streams.task import Change, StoredOffsets
 CHECKPOINT_KEY: Final = b"\xff\xff\xff\xfftorpor.checkpoint"
 CHECKPOINT_HEADER: Final = "torpor.checkpoint"
 _OFFSET: Final = struct.Struct(">q")
+
+log: Final = logging.getLogger(__name__)
 
 # Records written to the store per batch while restoring: big enough to amortise the
 # write, small enough that an interrupted restore loses little work.
@@ -134,26 +140,67 @@ def restore_partition(
     batch_size: int = RESTORE_BATCH,
 ) -> RestoreResult:
     """Bring `task`'s store up to the end of changelog `partition` (module docstring)."""
-    tp = TopicPartition(changelog, partition)
-    start = task.offsets()
-    low, end = _watermarks(consumer, tp, deadline)
-    first = 0 if start.changelog_offset is None else start.changelog_offset + 1
-    if first > end:
-        raise StoreCorruptedError(
-            f"store of {changelog}[{partition}] holds changelog offset {start.changelog_offset} but "
-            f"the changelog ends at {end}: the changelog was deleted or recreated. Wipe the store "
-            "and restore it from offset 0."
-        )
-    if first >= end:
-        return RestoreResult(partition, first, end, 0, start)
-    consumer.assign(
-        [TopicPartition(changelog, partition, max(first, low) if first > 0 else OFFSET_BEGINNING)]
-    )
-    try:
-        offsets, count = _read_to_end(consumer, tp, end, task, start, deadline, batch_size)
-    finally:
-        consumer.unassign()
-    return RestoreResult(partition, first, end, count, offsets)
+    results = restore_partitions(consumer, changelog, {partition: task}, deadline, batch_size=batch_size)
+    return results[partition]
+
+
+@dataclass(slots=True)
+class _Progress:
+    """One partition's restore in progress."""
+
+    target: RestoreTarget
+    first: int
+    end: int
+    offsets: StoredOffsets
+    pending: list[Change] = field(default_factory=list)
+    count: int = 0
+    position: int = 0
+
+    def flush(self) -> None:
+        if self.pending:
+            self.target.restore(self.pending, self.offsets)
+            self.pending = []
+
+
+def restore_partitions(
+    consumer: Consumer,
+    changelog: str,
+    targets: Mapping[int, RestoreTarget],
+    deadline: Deadline,
+    *,
+    batch_size: int = RESTORE_BATCH,
+) -> dict[int, RestoreResult]:
+    """Restore several partitions at once, with one assignment (module docstring).
+
+    Reading them together fetches them in parallel, and it avoids re-assigning one
+    consumer partition after partition: librdkafka's fetch for the previous partition
+    would sit out the broker's long poll before the next could start.
+    """
+    progress: dict[int, _Progress] = {}
+    for partition, target in targets.items():
+        low, end = _watermarks(consumer, TopicPartition(changelog, partition), deadline)
+        start = target.offsets()
+        first = 0 if start.changelog_offset is None else start.changelog_offset + 1
+        if first > end:
+            log.error(
+                "store of %s[%d] holds changelog offset %s but the changelog ends at %d: the changelog "
+                "was deleted or recreated. Wiping the store and restoring it from offset 0.",
+                changelog, partition, start.changelog_offset, end, extra={"partition": partition},
+            )
+            target.wipe()
+            start, first = target.offsets(), 0
+        progress[partition] = _Progress(target, first, end, start, position=max(first, low))
+    todo = {p: state for p, state in progress.items() if state.position < state.end}
+    if todo:
+        consumer.assign([
+            TopicPartition(changelog, p, state.first if state.first > 0 else OFFSET_BEGINNING)
+            for p, state in todo.items()
+        ])
+        try:
+            _read_to_end(consumer, changelog, todo, deadline, batch_size)
+        finally:
+            consumer.unassign()
+    return {p: RestoreResult(p, s.first, s.end, s.count, s.offsets) for p, s in progress.items()}
 
 
 def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: Deadline) -> tuple[int, int]:
@@ -172,57 +219,51 @@ def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: Deadline) -> t
 
 
 def _read_to_end(
-    consumer: Consumer,
-    tp: TopicPartition,
-    end: int,
-    task: RestoreTarget,
-    start: StoredOffsets,
-    deadline: Deadline,
-    batch_size: int,
-) -> tuple[StoredOffsets, int]:
-    offsets = start
-    pending: list[Change] = []
-    count = 0
-    position = 0
-    while position < end:
+    consumer: Consumer, changelog: str, todo: dict[int, _Progress], deadline: Deadline, batch_size: int
+) -> None:
+    while any(state.position < state.end for state in todo.values()):
         if deadline.expired():
-            if pending:
-                task.restore(pending, offsets)
+            for state in todo.values():
+                state.flush()
+            behind = {p: f"{s.position}/{s.end}" for p, s in todo.items() if s.position < s.end}
             raise RetriableError(
-                f"restore of {tp.topic}[{tp.partition}] reached offset {position} of {end} before its "
-                "deadline; an open transaction of a previous owner may hold the end back until the "
-                "broker aborts it (transaction.timeout.ms). Restore resumes from here."
+                f"restore of {changelog} partitions {behind} (offset reached/end) ran out of time; an "
+                "open transaction of a previous owner may hold the end back until the broker aborts "
+                "it (transaction.timeout.ms). Restore resumes from here."
             )
-        messages = consumer.consume(batch_size, timeout=deadline.timeout_for_call(_POLL_CAP_SECONDS))
-        for message in messages:
-            position = max(position, _record(message, pending, tp) + 1)
+        for message in consumer.consume(batch_size, timeout=deadline.timeout_for_call(_POLL_CAP_SECONDS)):
+            state = todo[message.partition() or 0]
+            offset = _record(message, state.pending, changelog)
+            state.position = max(state.position, offset + 1)
             if _is_checkpoint(message):
-                offsets = StoredOffsets(message.offset(), decode_checkpoint(message.value() or b""))
+                state.offsets = StoredOffsets(offset, decode_checkpoint(message.value() or b""))
             else:
-                offsets = StoredOffsets(message.offset(), offsets.input_offset)
-                count += 1
-        if len(pending) >= batch_size:
-            task.restore(pending, offsets)
-            pending = []
+                state.offsets = StoredOffsets(offset, state.offsets.input_offset)
+                state.count += 1
+            if len(state.pending) >= batch_size:
+                state.flush()
         # Transaction markers take offsets of their own and are never delivered; the
         # consumer's position moves past them, so it, not the last record, says "done".
-        position = max(position, _position(consumer, tp))
-    task.restore(pending, offsets)
-    return offsets, count
+        tps = [TopicPartition(changelog, p) for p in todo]
+        for current in consumer.position(tps):
+            state = todo[current.partition]
+            state.position = max(state.position, current.offset)
+    for state in todo.values():
+        state.flush()
 
 
-def _record(message: Message, pending: list[Change], tp: TopicPartition) -> int:
+def _record(message: Message, pending: list[Change], changelog: str) -> int:
     error = message.error()
     if error is not None:
-        raise translate(error, operation=f"restore consume {tp.topic}[{tp.partition}]")
+        raise translate(error, operation=f"restore consume {changelog}[{message.partition()}]")
     offset = message.offset()
     assert offset is not None  # a message without an error always has one
     if not _is_checkpoint(message):
         key = message.key()
         if key is None:
             raise StoreCorruptedError(
-                f"changelog {tp.topic}[{tp.partition}] offset {offset} has no key; only the processor "
-                "may write to the changelog. Wipe the store after removing the record's producer."
+                f"changelog {changelog}[{message.partition()}] offset {offset} has no key; only the "
+                "processor may write to the changelog. Wipe the store after removing the record's producer."
             )
         pending.append((key, message.value()))
     result: int = offset
@@ -234,8 +275,3 @@ def _is_checkpoint(message: Message) -> bool:
     names = headers.keys() if isinstance(headers, dict) else [name for name, _ in headers]
     return message.key() == CHECKPOINT_KEY and CHECKPOINT_HEADER in names
 
-
-def _position(consumer: Consumer, tp: TopicPartition) -> int:
-    (current,) = consumer.position([tp])
-    result: int = current.offset
-    return result
