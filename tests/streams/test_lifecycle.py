@@ -33,3 +33,4 @@ def test_folding_before_the_restore_is_refused_with_both_states_named() -> None:
 def test_closed_is_terminal_and_every_state_has_a_row() -> None:
     assert set(TRANSITIONS) == set(PartitionState)
     assert TRANSITIONS[PartitionState.CLOSED] == frozenset()
+

@@ -12,6 +12,7 @@ import dataclasses
 import re
 import signal
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,7 @@ import pytest
 from tests.conftest import TopicFactory
 from tests.streams.counter_rig import CounterRig, assert_counts_are_gapless, assert_exactly_once
 from tests.waiting import wait_until
-
-pytestmark = pytest.mark.kafka
+from torpor.streams.loop import WatchdogExpiredError, _watched
 
 
 @pytest.fixture
@@ -47,6 +47,7 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
+@pytest.mark.kafka
 def test_every_input_is_counted_once_and_its_output_committed(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(600)
     _ok(rig.run_until_idle())
@@ -54,6 +55,7 @@ def test_every_input_is_counted_once_and_its_output_committed(rig: CounterRig) -
     assert sum(rig.committed_offsets().values()) == 600
 
 
+@pytest.mark.kafka
 def test_a_second_run_over_the_same_store_folds_nothing_again(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(300)
     _ok(rig.run_until_idle())
@@ -62,6 +64,7 @@ def test_a_second_run_over_the_same_store_folds_nothing_again(rig: CounterRig) -
     assert_exactly_once(rig, inputs + more)
 
 
+@pytest.mark.kafka
 def test_sigkill_at_random_points_loses_nothing_and_duplicates_nothing(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(6000)
     progress = 0
@@ -75,6 +78,7 @@ def test_sigkill_at_random_points_loses_nothing_and_duplicates_nothing(rig: Coun
     assert_exactly_once(rig, inputs)
 
 
+@pytest.mark.kafka
 def test_crash_before_the_commit_leaves_nothing_visible(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(500)
     crashed = rig.run_until_idle(env={"COUNTER_CRASH_IN_PROCESS": "250"}, max_batch=50, commit_every=100)
@@ -83,6 +87,7 @@ def test_crash_before_the_commit_leaves_nothing_visible(rig: CounterRig) -> None
     assert_exactly_once(rig, inputs)
 
 
+@pytest.mark.kafka
 def test_crash_between_the_commit_and_the_store_write_is_caught_up_by_restore(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(500)
     crashed = rig.run_until_idle(env={"COUNTER_CRASH_AFTER_COMMIT": "3"}, max_batch=50, commit_every=100)
@@ -94,6 +99,7 @@ def test_crash_between_the_commit_and_the_store_write_is_caught_up_by_restore(ri
     assert_exactly_once(rig, inputs)
 
 
+@pytest.mark.kafka
 def test_poison_records_are_parked_and_the_partition_goes_on(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(200, poison_every=50)
     _ok(rig.run_until_idle())
@@ -102,6 +108,7 @@ def test_poison_records_are_parked_and_the_partition_goes_on(rig: CounterRig) ->
     assert [value for _, value in parked] == [b"poison"] * 4
 
 
+@pytest.mark.kafka
 def test_a_paused_zombie_is_fenced_and_exits_non_zero(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(3000)
     zombie = rig.start(commit_every=40, max_batch=20, log_name="zombie")
@@ -122,6 +129,7 @@ def test_a_paused_zombie_is_fenced_and_exits_non_zero(rig: CounterRig) -> None:
     assert_exactly_once(successor, inputs)
 
 
+@pytest.mark.kafka
 def test_a_second_instance_takes_partitions_over_mid_stream_without_double_counting(rig: CounterRig) -> None:
     # A first run gives every partition state, so whichever partition moves has a
     # changelog to restore and a committed offset to check it against.
@@ -149,3 +157,18 @@ def test_a_second_instance_takes_partitions_over_mid_stream_without_double_count
     assert_counts_are_gapless(rig, inputs)
     assert re.search(r"restored \([1-9]\d* changelog records", logs_of("i1")), logs_of("i1")
     assert "partition closed" in logs_of("i0")
+
+
+def test_a_transaction_call_that_outlives_its_deadline_is_declared_hung() -> None:
+    release = threading.Event()
+    try:
+        with pytest.raises(WatchdogExpiredError, match=r"commit_transaction did not return within 0\.1s"):
+            _watched("commit_transaction", lambda timeout: release.wait(30), 0.05, 0.05)
+    finally:
+        release.set()  # let the abandoned daemon thread end
+
+
+def test_a_watched_call_returns_its_value_or_raises_its_own_error() -> None:
+    assert _watched("init_transactions", lambda timeout: timeout * 2, 1.0, 1.0) == 2.0
+    with pytest.raises(KeyError):
+        _watched("abort_transaction", lambda timeout: {}["missing"], 1.0, 1.0)
