@@ -1,0 +1,1 @@
+"""Scenario files for `torpor local run`, shipped as package data."""
