@@ -46,7 +46,7 @@ from torpor.processors.providers.errors import (
     retry_after_s,
 )
 from torpor.processors.providers.mapping_anthropic import MessageTurn, anthropic_messages, anthropic_tools
-from torpor.processors.providers.settings import EndpointSettings
+from torpor.processors.providers.settings import EndpointSettings, api_model_name
 from torpor.processors.providers.stall import within
 
 PREFIX: Final = "anthropic"
@@ -114,8 +114,7 @@ class AnthropicProvider:
 
     def api_model(self, requested: str) -> str:
         """The API's name for `requested` (`anthropic:<name>`), or our own model for anything else."""
-        head, _, name = requested.partition(":")
-        return name if head == PREFIX and name else self.model
+        return api_model_name(PREFIX, requested, self.model)
 
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
         model = self.api_model(request.model)

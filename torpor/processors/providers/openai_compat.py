@@ -42,7 +42,7 @@ from torpor.processors.model import (
 )
 from torpor.processors.providers.errors import IncompleteStreamError, classify_status
 from torpor.processors.providers.mapping_openai import ChatTurn, chat_messages, chat_tools
-from torpor.processors.providers.settings import EndpointSettings
+from torpor.processors.providers.settings import EndpointSettings, api_model_name
 from torpor.processors.providers.stall import within
 
 PREFIX: Final = "openai"
@@ -96,8 +96,7 @@ class OpenAICompatProvider:
 
     def api_model(self, requested: str) -> str:
         """The API's name for `requested` (`openai:<name>`), or our own model for anything else."""
-        head, _, name = requested.partition(":")
-        return name if head == PREFIX and name else self.model
+        return api_model_name(PREFIX, requested, self.model)
 
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
         model = self.api_model(request.model)

@@ -91,3 +91,13 @@ class ProviderSettings:
 
     openai: EndpointSettings = EndpointSettings()
     anthropic: EndpointSettings = EndpointSettings()
+
+
+def api_model_name(prefix: str, requested: str, default: str) -> str:
+    """The API's model name for `requested` (`<prefix>:<name>`), or `default` for anything else.
+
+    Shared by every adapter: a thread's model string names the provider first, and a
+    request routed here without a name of ours is served by the endpoint's own model.
+    """
+    head, _, name = requested.partition(":")
+    return name if head == prefix and name else default
