@@ -301,6 +301,10 @@ def test_sigkilled_processor_restarts_and_every_turn_completes_exactly_once(depl
         return len({thread for thread, text in finals.answers() if text == "The echo said ping."}) == 30
 
     wait_until(all_answered, timeout=180, message="every thread's final answer after the kills")
+    # The answers may all predate this instance (the last kill can land late); a SIGTERM
+    # before the interpreter has installed its handler would be an unclean death.
+    wait_until(lambda: "started in group" in deployment.log("processor-last"), timeout=60,
+               message="processor-last has started")
     for process in (processor, echo):
         process.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0, deployment.log("processor-last")[-3000:]

@@ -51,6 +51,10 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
               log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     configure(log_level)
+    # A stop asked for during startup (topics, stores) is honoured at the loop's first check.
+    stopping: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, frame: stopping.append(number))
     settings = read_settings(config_file, bootstrap)
     try:
         ensured = ensure_topics(make_admin(settings), settings, Deadline.after(ENSURE_TOPICS_SECONDS))
@@ -60,9 +64,7 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
         runner = Processor(settings, config, ScriptedModel(rules), inputs_partitions=ensured.partitions)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
-    stopping: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda number, frame: stopping.append(number))
+    click.echo(f"processor {instance} started in group {app}", err=True)
     try:
         runner.run(lambda: bool(stopping), until_idle=until_idle)
     except TorporError as error:
