@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from tests.waiting import wait_until
+from torpor.streams import broker
 
 pytestmark = pytest.mark.slow
 
@@ -107,3 +108,12 @@ def test_start_on_a_taken_port_fails_in_one_line_naming_the_remedy(broker_dir: P
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"port {port}" in last_line(result.stderr) and "--port" in last_line(result.stderr)
+
+
+def test_cluster_ids_never_start_with_a_dash_which_the_storage_tool_reads_as_an_option(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 0xfb << 2 encodes to "-" as the first url-safe base64 character: the first draw is rejected.
+    draws = iter([uuid.UUID(bytes=b"\xfb" + bytes(15)), uuid.UUID(int=1)])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(draws))
+    assert broker.new_cluster_id() == "AAAAAAAAAAAAAAAAAAAAAQ"

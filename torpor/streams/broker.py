@@ -283,6 +283,18 @@ BROKER_JVM_FLAGS: Final = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")
 TOOL_JVM_FLAGS: Final = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id the storage tool accepts.
+
+    Like Kafka's own `Uuid.randomUuid`, never one starting with "-": argparse would read
+    it as an option and the format fails (1 start in 64 did, before this).
+    """
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not candidate.startswith("-"):
+            return candidate
+
+
 def _class_sharing(cache_dir: Path, java: str) -> tuple[Path, Path | None]:
     """The class archive for this JVM and Kafka, and where to dump it if it does not exist yet.
 
@@ -428,7 +440,7 @@ def start_broker(settings: BrokerSettings, say: Callable[[str], None]) -> StartO
     tool_sharing = () if pending else sharing
     tool_jvm = _java_command(java, "256m", TOOL_JVM_FLAGS + tool_sharing, log4j, libs)
 
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    cluster_id = new_cluster_id()
     formatted = subprocess.run(
         [*tool_jvm, "kafka.tools.StorageTool", "format", "--standalone",
          "-t", cluster_id, "-c", str(properties)],
