@@ -7,11 +7,12 @@ import pytest
 from tests.processors.fold_scenarios import call, completion, config, control, create, user
 from torpor.processors import keys
 from torpor.processors import step as step_module
-from torpor.processors.state import Status
+from torpor.processors.state import Status, ThreadState
 from torpor.processors.statecodec import decode_entry
-from torpor.processors.step import SourceVerifier, StepOutput, StepRecord, step
+from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store import MemoryStore, Overlay, Store
 from torpor.processors.tables import awaiting_requests, load_state, read_entries, visible_entries
+from torpor.processors.verify import SourceVerifier
 from torpor.schemas.records import (
     FORGED,
     UNSIGNED,
@@ -23,6 +24,7 @@ from torpor.schemas.records import (
     TextBlock,
     UserEntry,
 )
+from torpor.schemas.signing import Verdict
 
 
 def envelope(
@@ -191,12 +193,13 @@ def test_deleting_a_thread_tombstones_every_row() -> None:
 
 def test_the_verifier_decides_provenance() -> None:
     class Forged:
-        def verify(self, record: Input) -> str:
-            return FORGED
+        def verify(self, record: Input, state: ThreadState | None) -> Verdict:
+            return Verdict(FORGED, "bad_signature")
 
     out = step(MemoryStore(), Feed()(envelope("m1", create())), verifier=Forged())
-    assert [r.disposition for r in out.receipts] == ["rejected:forged"]
-    assert SourceVerifier().verify(envelope("m2", user("x"), source="connector:c")) == UNSIGNED
+    assert [(r.disposition, r.reason) for r in out.receipts] == [("rejected:forged", "bad_signature")]
+    verdict = SourceVerifier().verify(envelope("m2", user("x"), source="connector:c"), None)
+    assert (verdict.provenance, verdict.reason) == (UNSIGNED, "no_keyring")
 
 
 def test_replaying_the_same_inputs_writes_the_same_bytes() -> None:

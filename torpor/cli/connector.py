@@ -12,6 +12,7 @@ import asyncio
 import importlib
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +21,7 @@ import click
 from torpor.cli.logs import configure
 from torpor.cli.settings import read_settings, settings_options
 from torpor.connectors.outbox import ConnectorFactory, OutboxRunner
+from torpor.connectors.signer import Signer, SignerSettings
 from torpor.schemas.errors import ConfigError, TorporError
 
 ECHO: Final = "torpor.connectors.echo:EchoTool"
@@ -30,34 +32,66 @@ def connector() -> None:
     """Run tool connectors against the outbox (minimal runner; the full runtime is a later issue)."""
 
 
+signing_options = (
+    click.option("--signing-key-id", envvar="TORPOR_SIGNING_KEY_ID", default=None,
+                 help="Sign every answer with this key id (or TORPOR_SIGNING_KEY_ID); its key "
+                      "ring entry must allow this connector's source and tools."),
+    click.option("--signing-key", "signing_key", envvar="TORPOR_SIGNING_KEY", default=None,
+                 type=click.Path(dir_okay=False, path_type=Path),
+                 help="The private key file of --signing-key-id (`torpor keys new` writes it), "
+                      "or TORPOR_SIGNING_KEY."),
+)
+
+
+def _signing(command: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(signing_options):
+        command = option(command)
+    return command
+
+
 @connector.command("run")
 @click.argument("target")
 @click.option("--group", default=None, help="Consumer group of the outbox. Default: torpor-connector-<NAME>.")
 @click.option("--log-level", default="info", show_default=True)
+@_signing
 @settings_options
-def run(target: str, group: str | None, log_level: str, config_file: Path | None,
-        bootstrap: str | None) -> None:
+def run(target: str, group: str | None, log_level: str, signing_key_id: str | None,
+        signing_key: Path | None, config_file: Path | None, bootstrap: str | None) -> None:
     """Serve the connector TARGET (MODULE:NAME, a factory taking a sink and a clock)."""
-    _serve(target, group, log_level, config_file, bootstrap)
+    _serve(target, group, log_level, _signer(signing_key_id, signing_key), config_file, bootstrap)
 
 
 @connector.command("run-echo")
 @click.option("--group", default=None, help="Outbox consumer group. Default: torpor-connector-EchoTool.")
 @click.option("--log-level", default="info", show_default=True)
+@_signing
 @settings_options
-def run_echo(group: str | None, log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
+def run_echo(group: str | None, log_level: str, signing_key_id: str | None, signing_key: Path | None,
+             config_file: Path | None, bootstrap: str | None) -> None:
     """Serve the `echo` tool."""
-    _serve(ECHO, group, log_level, config_file, bootstrap)
+    _serve(ECHO, group, log_level, _signer(signing_key_id, signing_key), config_file, bootstrap)
 
 
-def _serve(target: str, group: str | None, log_level: str, config_file: Path | None,
+def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
+    if key_id is None and key_file is None:
+        return None
+    if key_id is None or key_file is None:
+        raise click.ClickException("--signing-key-id and --signing-key go together (one names the key, "
+                                   "the other is its private key file)")
+    try:
+        return Signer.from_settings(SignerSettings(key_id, key_file))
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from None
+
+
+def _serve(target: str, group: str | None, log_level: str, signer: Signer | None, config_file: Path | None,
            bootstrap: str | None) -> None:
     configure(log_level)
     settings = read_settings(config_file, bootstrap)
     factory = _import(target)
     name = target.rpartition(":")[2]
     try:
-        runner = OutboxRunner(settings, factory, group=group or f"torpor-connector-{name}")
+        runner = OutboxRunner(settings, factory, group=group or f"torpor-connector-{name}", signer=signer)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
     stopping: list[int] = []

@@ -17,7 +17,7 @@ timer, a subscription still sending). Work waiting for a person is not busy: loc
 is idle then, and the scenario may answer.
 
 Connectors import `torpor.schemas` only, never `torpor.processors` (DESIGN section 9).
-Signing is issue 5: inputs are produced unsigned for now.
+Inputs are produced unsigned; the outbox runner signs them when it has a `Signer`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A minimal outbox runner: in-process connectors served from the Kafka `outbox`.
 
-This is not the connector runtime of DESIGN section 7 (no effect journal, no signing,
-no reconciliation of unknown effects: a later issue). It is the smallest honest bridge
+This is not the connector runtime of DESIGN section 7 (no effect journal, no
+reconciliation of unknown effects: a later issue). It is the smallest honest bridge
 that lets the Kafka processor's dispatches reach the local tools (`echo`, ...):
 
 - a read_committed consumer of `outbox` (so no tool runs for a turn that is not
@@ -13,6 +13,9 @@ that lets the Kafka processor's dispatches reach the local tools (`echo`, ...):
 - offsets are committed only when no work is in flight and every answer is delivered:
   a crash re-delivers dispatches (at least once), and the fold absorbs the repeated
   answers by message id.
+
+- with a `Signer`, every answer is signed before it is produced (a processor with a key
+  ring judges unsigned connector input `rejected:unsigned`, `missing_signature`).
 
 An undecodable dispatch is logged loudly and skipped: a connector cannot act on it,
 and the processor's receipts already account for the turn that made it.
@@ -28,6 +31,7 @@ from typing import Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from torpor.connectors.signer import Signer
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import DecodeError
 from torpor.schemas.records import Dispatch, Input
@@ -69,7 +73,8 @@ class OutboxRunner:
     """Serves one connector from the outbox (see the module docstring)."""
 
     def __init__(self, settings: Settings, factory: ConnectorFactory, *, group: str,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, signer: Signer | None = None) -> None:
+        self._signer = signer
         self._topics = TopicNames.for_prefix(settings.topics.prefix)
         self._codec = codec or Codec.from_url(settings.schema_registry.url)
         self._consumer = make_consumer(settings, group)
@@ -83,6 +88,8 @@ class OutboxRunner:
         self.handled = 0
 
     def _send(self, record: Input) -> None:
+        if self._signer is not None:
+            record = self._signer.sign(record)
         key = record.thread_id.encode("utf-8")
         value = self._codec.encode(self._topics.inputs, record)
         while True:

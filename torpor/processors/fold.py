@@ -8,8 +8,10 @@ byte.
 
 How it works:
 
-1. Guards common to every input: a seen message id is a `duplicate`; a forged, expired
-   or unbound input is `rejected:<provenance>`; an unknown thread accepts only
+1. Guards common to every input: a seen message id is a `duplicate`; a forged, expired,
+   unbound or invalid input, or an unsigned one from a source that must sign (reason
+   `missing_signature`), is `rejected:<provenance>` with the verifier's reason as the
+   receipt's; an unknown thread accepts only
    `CreateThread` (or a first `UserMessage` when `facts.default_config` allows it).
 2. `TRANSITIONS[(status, type(body))]` picks the handler `on_<body>`. Each handler runs
    its guards (stale, duplicate-by-call, wrong sender), then changes the state through
@@ -110,6 +112,7 @@ from torpor.schemas.records import (
     DUPLICATE,
     EXPIRED,
     FORGED,
+    INVALID,
     PARKED,
     STALE,
     STOPPED,
@@ -130,11 +133,12 @@ from torpor.schemas.records import (
     UserMessage,
     rejected,
 )
+from torpor.schemas.signing import MISSING_SIGNATURE
 
 B = TypeVar("B", bound=InputBody)
 Handler = Callable[[Draft], str]
 
-REFUSED_PROVENANCE: Final = frozenset({FORGED, EXPIRED, UNBOUND})
+REFUSED_PROVENANCE: Final = frozenset({FORGED, EXPIRED, UNBOUND, INVALID})
 HALTED: Final = frozenset({Status.CLOSED, Status.STOPPED, Status.PARKED})
 DEFERRABLE: Final = (ToolEvent, ChildReport, ParentMessage)
 
@@ -146,8 +150,8 @@ def fold(state: ThreadState | None, input: Input, facts: Facts) -> Transition:
     """Fold one input into one thread's state. Never raises on bad input: see the module doc."""
     if facts.seen:
         return _receipt_only(state, input, facts, DUPLICATE, "message id already seen")
-    if facts.provenance in REFUSED_PROVENANCE:
-        return _receipt_only(state, input, facts, rejected(facts.provenance), None)
+    if facts.provenance in REFUSED_PROVENANCE or facts.provenance_reason == MISSING_SIGNATURE:
+        return _receipt_only(state, input, facts, rejected(facts.provenance), facts.provenance_reason)
     if state is None:
         return _fold_absent(input, facts)
     if state.thread_id != input.thread_id:

@@ -35,8 +35,9 @@ from typing import Final, Protocol, TypeVar
 
 from torpor.processors.model import ModelProvider
 from torpor.processors.stage import ModelStage, StageConfig
-from torpor.processors.step import StepOutput, StepRecord, Verifier, step
+from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store import Change, MemoryStore, Overlay, RocksStore, Store, StoreOffsets
+from torpor.processors.verify import Verifier
 from torpor.schemas.records import Dispatch, Input, Receipt, ThreadConfig, ThreadEvent
 from torpor.streams.log import InProcessLog, LogRecord, LogTopic
 from torpor.streams.topics import Topic

@@ -5,8 +5,8 @@ processor instance: one consumer and one transactional producer (`<app>-<instanc
 in `streams.loop.CheckpointLoop`, which gives each owned `inputs` partition a
 `ThreadTask`. Per checkpoint, a `ThreadTask`
 
-1. decodes each input (an undecodable one is parked with a `parked` receipt and the
-   partition goes on: `OutputWriter.poison_records`);
+1. decodes each input (an undecodable one, or one larger than `[inputs] max_bytes`, is
+   parked with a `parked` receipt and the partition goes on: `OutputWriter.poison_records`);
 2. folds the decoded ones with `step` into the checkpoint's `Overlay` over the
    partition's `RocksStore`, and returns the step's records (`OutputWriter`) and store
    changes, which the loop produces in the transaction;
@@ -44,8 +44,9 @@ from torpor.processors.local import now_ms
 from torpor.processors.model import ModelProvider
 from torpor.processors.outputs import OutputWriter
 from torpor.processors.stage import ModelStage, StageConfig
-from torpor.processors.step import StepRecord, Verifier, step
+from torpor.processors.step import StepRecord, step
 from torpor.processors.store import Overlay, RocksStore, StoreOffsets
+from torpor.processors.verify import Verifier, verifier_for
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
@@ -197,7 +198,22 @@ class ThreadTask:
                 self._requests.extend(result.completions)
                 run.clear()
 
+        def park(record: InputRecord, error: DecodeError, what: str) -> None:
+            fold_run()  # keep partition order: what came before the poison folds first
+            log.error("%s input parked: %s", what, error, extra={
+                "partition": record.partition, "offset": record.offset, "disposition": "parked"})
+            out.extend(writer.poison_records(record, error))
+
+        limit = self._processor.max_input_bytes
         for record in records:
+            if record.value is not None and len(record.value) > limit:
+                # Never decoded: a huge input would cost its size in memory at every
+                # replay, and in every completion request that carried it.
+                park(record, DecodeError(
+                    f"oversized: {len(record.value)} bytes, more than the {limit} of "
+                    "TORPOR_MAX_INPUT_BYTES", topic=topic, partition=record.partition,
+                    offset=record.offset), "oversized")
+                continue
             try:
                 if record.value is None:
                     raise DecodeError("a null value is not an Input", topic=topic,
@@ -205,10 +221,7 @@ class ThreadTask:
                 decoded = codec.decode(topic, record.value, Input, partition=record.partition,
                                        offset=record.offset)
             except DecodeError as error:
-                fold_run()  # keep partition order: what came before the poison folds first
-                log.error("undecodable input parked: %s", error, extra={
-                    "partition": record.partition, "offset": record.offset, "disposition": "parked"})
-                out.extend(writer.poison_records(record, error))
+                park(record, error, "undecodable")
                 continue
             run.append(StepRecord(decoded, record.partition, record.offset))
         fold_run()
@@ -266,7 +279,8 @@ class Processor:
         self.topics = TopicNames.for_prefix(settings.topics.prefix)
         self.codec = codec or Codec.from_url(settings.schema_registry.url)
         self.writer = OutputWriter(self.topics, inputs_partitions, self.codec)
-        self.verifier = verifier
+        self.verifier = verifier or verifier_for(settings.inputs)
+        self.max_input_bytes = settings.inputs.max_bytes
         self.default_config = default_config
         self.stages = StageThread()
         self._sink_producer = make_producer(settings)

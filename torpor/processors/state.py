@@ -155,7 +155,8 @@ class Facts:
     """What the shell looked up before folding an input.
 
     `seen`: the message id was already remembered for this thread. `provenance`: the
-    signature verdict (`verified`, `unsigned`, `forged`, `expired`, `unbound`).
+    verifier's verdict (`verified`, `unsigned`, `forged`, `expired`, `unbound`,
+    `invalid`) and `provenance_reason` the rule that decided it, for the receipt.
     `attempt`: how many times this input was tried before (0 the first time).
     `default_config`: the config a first `UserMessage` may create an unknown thread with
     (only if its `allow_implicit_create` is true).
@@ -163,6 +164,7 @@ class Facts:
 
     seen: bool = False
     provenance: str = VERIFIED
+    provenance_reason: str | None = None
     attempt: int = 0
     default_config: ThreadConfig | None = None
 

@@ -8,7 +8,7 @@ For each record it
    calls: an idle thread costs no memory, and the store, or the overlay over it, is the
    only place state lives);
 2. looks up the `Facts`: was the message id seen, the provenance verdict of the
-   `Verifier`, the attempt number;
+   `Verifier` and its reason, the attempt number;
 3. calls `fold(state, input, facts)`;
 4. interprets every effect (a `match` closed by `assert_never`) into store writes and
    output records, and writes the new state row (deleting the thread's rows when the
@@ -27,10 +27,10 @@ therefore costs a bounded number of attempts and a loud receipt: never a crash l
 never a silent loss. Only a failure of `park_on_failure` itself propagates (a bug in
 the fold's last line of defence: the checkpoint must abort).
 
-Provenance: `Verifier.verify` gives the verdict the fold sees. `SourceVerifier`, the
-default, checks no signatures: signing and key rings are issue 5. It judges every
-input `unsigned`, so the fold decides by source what unsigned input it accepts
-(DESIGN 2.7: connector, timer and operator inputs need signatures by default).
+Provenance: `Verifier.verify(input, state)` (`torpor.processors.verify`) gives the
+verdict the fold sees, judged against the state loaded in 1. `SourceVerifier`, the
+default, is development mode: nothing is checked. The processor runs `KeyringVerifier`
+when a key ring is configured.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, assert_never
+from typing import Final, assert_never
 
 from torpor.processors import keys
 from torpor.processors.effects import (
@@ -57,8 +57,8 @@ from torpor.processors.state import Facts, Status, ThreadState, Transition
 from torpor.processors.statecodec import encode_entry, encode_request, encode_state
 from torpor.processors.store import Change, Overlay, Store
 from torpor.processors.tables import is_seen, load_state, visible_entries
+from torpor.processors.verify import SourceVerifier, Verifier
 from torpor.schemas.records import (
-    UNSIGNED,
     CreateThread,
     Dispatch,
     Input,
@@ -112,32 +112,6 @@ class StepOutput:
     parked: tuple[ParkedInput, ...] = ()
 
 
-class Verifier(Protocol):
-    """Decides an input's provenance verdict before the fold sees it (DESIGN 2.7)."""
-
-    def verify(self, record: Input) -> str:
-        """One of `verified`, `unsigned`, `forged`, `expired`, `unbound`."""
-        ...
-
-
-class SourceVerifier:
-    """The default verdict until signing lands (issue 5): every input is `unsigned`.
-
-    Unsigned input is what users (`user:`) and the processor's own loopback
-    (`processor`) send; connector, timer and operator inputs are marked `unsigned` too,
-    never `verified`, so the fold's policy for unsigned sources is what applies. A
-    signature is present but not checked: it is logged, and the verdict stays `unsigned`.
-    """
-
-    def verify(self, record: Input) -> str:
-        if record.signature is not None:
-            log.debug(
-                "signature not checked (signing is not implemented yet)",
-                extra={"thread_id": record.thread_id, "message_id": record.message_id},
-            )
-        return UNSIGNED
-
-
 @dataclass(slots=True)
 class _Collected:
     """The step's outputs as they accumulate (local to one `step` call)."""
@@ -169,7 +143,7 @@ def step(
     batch = Overlay(store)
     out = _Collected()
     for record in records:
-        _fold_one(batch, record, judge.verify(record.input), default_config, max_attempts, out)
+        _fold_one(batch, record, judge, default_config, max_attempts, out)
     changes = batch.changes()
     store.apply(changes)
     return StepOutput(
@@ -186,7 +160,7 @@ def step(
 def _fold_one(
     batch: Overlay,
     record: StepRecord,
-    provenance: str,
+    judge: Verifier,
     default_config: ThreadConfig | None,
     max_attempts: int,
     out: _Collected,
@@ -204,9 +178,11 @@ def _fold_one(
         mark = _Collected()
         try:
             state = load_state(scratch, item.thread_id)
+            verdict = judge.verify(item, state)
             facts = Facts(
                 seen=is_seen(scratch, item.thread_id, item.message_id),
-                provenance=provenance,
+                provenance=verdict.provenance,
+                provenance_reason=verdict.reason,
                 attempt=attempt,
                 default_config=default_config,
             )

@@ -480,6 +480,7 @@ UNSIGNED: Final = "unsigned"
 FORGED: Final = "forged"
 EXPIRED: Final = "expired"
 UNBOUND: Final = "unbound"
+INVALID: Final = "invalid"  # signed well enough, but fails its tool's declared result schema
 
 RESERVED_SUFFIX: Final = "__injected"
 INJECTED_TOOL: Final = "receive_event__injected"

@@ -251,6 +251,31 @@ class SchemaRegistrySettings:
         return f"SchemaRegistrySettings(url={self._redacted()!r})"
 
 
+DEFAULT_MAX_INPUT_BYTES: Final = 1_048_576
+"""An input larger than this is parked unread: 1 MiB, librdkafka's default message size."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputSettings:
+    """How the processor judges inputs before it folds them.
+
+    `keyring`: the key ring file (`torpor keys`) that signed inputs are verified against.
+    None means development mode: no signature is checked and unsigned connector, timer
+    and operator inputs are accepted (the processor says so at start). `max_bytes`: the
+    largest encoded input folded; a larger one is parked with a receipt.
+    """
+
+    keyring: Path | None = None
+    max_bytes: int = DEFAULT_MAX_INPUT_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ConfigError(
+                f"max input bytes must be at least 1, not {self.max_bytes}: "
+                f"{_where('TORPOR_MAX_INPUT_BYTES', 'inputs', 'max_bytes')}"
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """All settings of `torpor.streams`, one section per concern."""
@@ -258,6 +283,7 @@ class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: TopicSettings = field(default_factory=TopicSettings)
     schema_registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
+    inputs: InputSettings = field(default_factory=InputSettings)
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,6 +312,8 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key("topics", "partitions", "TORPOR_PARTITIONS", int),
     _Key("topics", "replication_factor", "TORPOR_REPLICATION_FACTOR", int),
     _Key("schema_registry", "url", "TORPOR_SCHEMA_REGISTRY_URL", str, optional=True),
+    _Key("inputs", "keyring", "TORPOR_KEYRING", str, optional=True),
+    _Key("inputs", "max_bytes", "TORPOR_MAX_INPUT_BYTES", int),
 )
 _OVERRIDES_TABLE: Final = "librdkafka"  # [kafka.librdkafka]: free-form librdkafka properties
 _SECTIONS: Final = frozenset(k.section for k in _KEYS)
@@ -311,6 +339,9 @@ def load_settings(env: Mapping[str, str], file: Path | None) -> Settings:
     - `TORPOR_PARTITIONS`: partitions of new topics (`[topics] partitions`, default 6).
     - `TORPOR_REPLICATION_FACTOR`: replicas of new topics (`[topics] replication_factor`).
     - `TORPOR_SCHEMA_REGISTRY_URL`: Schema Registry URL (`[schema_registry] url`; empty clears it).
+    - `TORPOR_KEYRING`: the key ring file signed inputs are verified against (`[inputs] keyring`;
+      unset: development mode, nothing verified).
+    - `TORPOR_MAX_INPUT_BYTES`: the largest input folded (`[inputs] max_bytes`, default 1 MiB).
 
     librdkafka overrides come from `[kafka.librdkafka]` only (string, integer or boolean
     values). Raises `ConfigError` naming the source and the fix for a missing or unreadable
@@ -417,7 +448,13 @@ def _build(values: _Values, overrides: Mapping[str, str]) -> Settings:
         replication_factor=_count(values, "replication_factor", topic_defaults.replication_factor),
     )
     registry = SchemaRegistrySettings(url=_text(values, "schema_registry", "url", None))
-    return Settings(kafka=kafka, topics=topics, schema_registry=registry)
+    keyring = _text(values, "inputs", "keyring", None)
+    max_bytes = values.get(("inputs", "max_bytes"), DEFAULT_MAX_INPUT_BYTES)
+    inputs = InputSettings(
+        keyring=Path(keyring) if keyring else None,
+        max_bytes=max_bytes if isinstance(max_bytes, int) else DEFAULT_MAX_INPUT_BYTES,
+    )
+    return Settings(kafka=kafka, topics=topics, schema_registry=registry, inputs=inputs)
 
 
 def _text(values: _Values, section: str, key: str, default: str | None) -> str | None:

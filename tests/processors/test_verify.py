@@ -1,0 +1,246 @@
+"""The verifiers of `torpor.processors.verify`, and the fold's answer to each verdict.
+
+Every verdict is checked twice: what `KeyringVerifier.verify` says, and, through `step`
+over a real store, the receipt the input then gets and that history did not move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from tests.processors.fold_scenarios import OBJECT_SCHEMA, World, call, config, create, result, user
+from torpor.processors.state import PendingCall, ThreadState
+from torpor.processors.step import StepRecord, step
+from torpor.processors.store import MemoryStore
+from torpor.processors.tables import load_state, read_entries
+from torpor.processors.verify import KeyringVerifier, SourceVerifier, verifier_for
+from torpor.schemas import signing
+from torpor.schemas.errors import ConfigError
+from torpor.schemas.keyring import KeyRing, KeyVersion, keyring_toml
+from torpor.schemas.records import (
+    Input,
+    InputBody,
+    TextBlock,
+    TimerFired,
+    ToolResult,
+    ToolSpec,
+)
+from torpor.streams.config import InputSettings
+
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+STRANGER = Ed25519PrivateKey.from_private_bytes(bytes(range(7, 39)))
+LOOKUP = ToolSpec(
+    name="lookup",
+    description="returns a count",
+    parameters=OBJECT_SCHEMA,
+    result_schema=json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    passive=False,
+    toolset="test",
+)
+
+
+def _raw(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _version(key_id: str, tools: tuple[str, ...], tenants: tuple[str, ...] = ("acme",),
+             sources: tuple[str, ...] = ("connector:*",)) -> KeyVersion:
+    return KeyVersion(key_id=key_id, public_key=_raw(KEY), sources=sources, tools=tools,
+                      tenants=tenants, valid_from=0, valid_until=None)
+
+
+RING = KeyRing((
+    _version("tools-1", ("search", "lookup")),
+    _version("fetch-only", ("fetch",)),
+    _version("other-tenant", ("search",), tenants=("globex",)),
+    _version("timer-1", ("timer",), sources=("timer",)),
+))
+
+
+def _waiting_world() -> tuple[World, ThreadState, dict[str, PendingCall]]:
+    """Thread `t` with two calls pending: `search` (c1) and `lookup` (c2)."""
+    world = World()
+    world.send("t", create(config(tools=(*config().tools, LOOKUP), granted=("search", "lookup", "fetch"))))
+    world.reply("t", "working", (call("c1", "search", {"q": "x"}), call("c2", "lookup")))
+    state = world.state("t")
+    return world, state, {c.call_id: c for c in state.pending_calls}
+
+
+def _input(body: InputBody, source: str = "connector:tools", message_id: str = "r1") -> Input:
+    return Input(message_id=message_id, thread_id="t", created_at=5_000_000, source=source,
+                 expires_at=None, key_id=None, signature=None, body=body)
+
+
+def _judge(record: Input, state: ThreadState | None) -> tuple[str, str]:
+    verdict = KeyringVerifier(RING).verify(record, state)
+    return verdict.provenance, verdict.reason
+
+
+def test_source_verifier_is_development_mode_and_says_so() -> None:
+    _, state, pending = _waiting_world()
+    record = _input(result("c1", pending["c1"].request_id))
+    verdict = SourceVerifier().verify(record, state)
+    assert (verdict.provenance, verdict.reason) == ("unsigned", "no_keyring")
+
+
+def test_a_correctly_signed_result_for_a_pending_call_is_verified() -> None:
+    _, state, pending = _waiting_world()
+    record = signing.sign(_input(result("c1", pending["c1"].request_id)), "tools-1", KEY)
+    assert _judge(record, state) == ("verified", signing.SIGNATURE_OK)
+
+
+def test_an_unsigned_connector_result_is_missing_its_signature() -> None:
+    _, state, pending = _waiting_world()
+    assert _judge(_input(result("c1", pending["c1"].request_id)), state) == ("unsigned", "missing_signature")
+
+
+def test_user_text_needs_no_signature() -> None:
+    _, state, _ = _waiting_world()
+    record = _input(user("one more thing"), source="user:alice")
+    assert _judge(record, state)[0] == "unsigned"
+    assert _judge(record, state)[1] != "missing_signature"
+
+
+def test_a_tampered_result_is_forged() -> None:
+    _, state, pending = _waiting_world()
+    record = signing.sign(_input(result("c1", pending["c1"].request_id, "genuine")), "tools-1", KEY)
+    tampered = dataclasses.replace(record, body=result("c1", pending["c1"].request_id, "rm -rf /"))
+    assert _judge(tampered, state) == ("forged", signing.BAD_SIGNATURE)
+
+
+def test_a_key_the_ring_does_not_know_is_forged() -> None:
+    _, state, pending = _waiting_world()
+    record = signing.sign(_input(result("c1", pending["c1"].request_id)), "nobody", STRANGER)
+    assert _judge(record, state) == ("forged", signing.UNKNOWN_KEY)
+
+
+def test_a_valid_key_is_refused_for_a_tool_it_does_not_cover() -> None:
+    _, state, pending = _waiting_world()
+    record = signing.sign(_input(result("c1", pending["c1"].request_id)), "fetch-only", KEY)
+    assert _judge(record, state) == ("forged", signing.KEY_NOT_ALLOWED_FOR_TOOL)
+
+
+def test_a_key_of_another_tenant_is_refused() -> None:
+    _, state, pending = _waiting_world()
+    record = signing.sign(_input(result("c1", pending["c1"].request_id)), "other-tenant", KEY)
+    assert _judge(record, state) == ("forged", signing.KEY_NOT_ALLOWED_FOR_TENANT)
+
+
+def test_an_answer_to_another_dispatch_is_unbound() -> None:
+    _, state, _ = _waiting_world()
+    record = signing.sign(_input(result("c1", "an-earlier-attempt")), "tools-1", KEY)
+    assert _judge(record, state) == ("unbound", "request_id_mismatch")
+
+
+def test_a_call_the_thread_does_not_have_pending_is_left_to_the_fold() -> None:
+    _, state, _ = _waiting_world()
+    record = signing.sign(_input(result("c9", "whatever")), "tools-1", KEY)
+    assert _judge(record, state) == ("verified", signing.SIGNATURE_OK)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [('{"n": "many"}', "result_schema: "), ("not json", "result_schema: not JSON"),
+     ("{}", "result_schema: ")],
+)
+def test_a_result_that_breaks_its_tool_result_schema_is_invalid(text: str, why: str) -> None:
+    _, state, pending = _waiting_world()
+    body = ToolResult(call_id="c2", request_id=pending["c2"].request_id, ok=True,
+                      content=(TextBlock(text),), subscription=False)
+    provenance, reason = _judge(signing.sign(_input(body), "tools-1", KEY), state)
+    assert provenance == "invalid"
+    assert reason.startswith(why)
+
+
+def test_a_result_that_fits_its_schema_and_an_error_result_are_verified() -> None:
+    _, state, pending = _waiting_world()
+    good = ToolResult(call_id="c2", request_id=pending["c2"].request_id, ok=True,
+                      content=(TextBlock('{"n": 3}'),), subscription=False)
+    failed = ToolResult(call_id="c2", request_id=pending["c2"].request_id, ok=False,
+                        content=(TextBlock("lookup service down"),), subscription=False)
+    for body in (good, failed):
+        assert _judge(signing.sign(_input(body), "tools-1", KEY), state)[0] == "verified"
+
+
+def test_a_timer_is_checked_against_the_timer_tool_scope() -> None:
+    world = World()
+    world.send("t", create(config(granted=("search", "sleep"))))
+    world.reply("t", "napping", (call("z1", "sleep", {"seconds": 60}),))
+    (pending,) = world.state("t").pending_calls
+    fired = _input(TimerFired(call_id="z1", request_id=pending.request_id, due_at=1), source="timer")
+    assert _judge(signing.sign(fired, "timer-1", KEY), world.state("t")) == ("verified", signing.SIGNATURE_OK)
+    assert _judge(signing.sign(fired, "tools-1", KEY), world.state("t"))[0] == "forged"
+
+
+# --- through step: the receipt, and history that did not move ------------------------
+
+
+def _stepped(records: list[Input]) -> tuple[MemoryStore, list[tuple[str, str | None]]]:
+    """A store holding thread `t` with c1/c2 pending, then `records` folded over it."""
+    world, _, _ = _waiting_world()
+    store = MemoryStore()
+    setup = [StepRecord(r, 0, i) for i, r in enumerate(world.inputs)]
+    step(store, setup)  # development mode: the thread's own setup needs no signatures
+    out = step(store, [StepRecord(r, 0, 100 + i) for i, r in enumerate(records)],
+               verifier=KeyringVerifier(RING))
+    return store, [(r.disposition, r.reason) for r in out.receipts]
+
+
+def test_refused_inputs_get_a_receipt_and_leave_history_alone() -> None:
+    world, _, pending = _waiting_world()
+    request = pending["c1"].request_id
+    refused = [
+        _input(result("c1", request), message_id="unsigned"),
+        dataclasses.replace(signing.sign(_input(result("c1", request), message_id="forged"), "tools-1", KEY),
+                            body=result("c1", request, "tampered")),
+        signing.sign(_input(result("c1", request), message_id="scope"), "fetch-only", KEY),
+        signing.sign(_input(result("c1", "old-request"), message_id="unbound"), "tools-1", KEY),
+    ]
+    store, receipts = _stepped(refused)
+    assert receipts == [
+        ("rejected:unsigned", "missing_signature"),
+        ("rejected:forged", "bad_signature"),
+        ("rejected:forged", "key_not_allowed_for_tool"),
+        ("rejected:unbound", "request_id_mismatch"),
+    ]
+    assert list(read_entries(store, "t")) == world.histories["t"]
+    state = load_state(store, "t")
+    assert state is not None and {c.call_id for c in state.pending_calls} == {"c1", "c2"}
+
+
+def test_a_refused_id_is_not_remembered_so_the_genuine_record_still_applies() -> None:
+    _, _, pending = _waiting_world()
+    request = pending["c1"].request_id
+    unsigned = _input(result("c1", request), message_id="same-id")
+    genuine = signing.sign(unsigned, "tools-1", KEY)
+    store, receipts = _stepped([unsigned, genuine])
+    assert [d for d, _ in receipts] == ["rejected:unsigned", "applied"]
+    state = load_state(store, "t")
+    assert state is not None and [c.call_id for c in state.pending_calls] == ["c2"]
+
+
+# --- verifier_for ----------------------------------------------------------------------
+
+
+def test_verifier_for_without_a_key_ring_is_development_mode() -> None:
+    assert isinstance(verifier_for(InputSettings()), SourceVerifier)
+
+
+def test_verifier_for_reads_the_key_ring_file(tmp_path: Path) -> None:
+    path = tmp_path / "ring.toml"
+    path.write_text(keyring_toml(RING), encoding="utf-8")
+    judge = verifier_for(InputSettings(keyring=path))
+    _, state, pending = _waiting_world()
+    record = signing.sign(_input(result("c1", pending["c1"].request_id)), "tools-1", KEY)
+    assert judge.verify(record, state).provenance == "verified"
+
+
+def test_verifier_for_names_an_unreadable_key_ring(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"missing\.toml"):
+        verifier_for(InputSettings(keyring=tmp_path / "missing.toml"))

@@ -1,0 +1,161 @@
+"""Provenance before folding (DESIGN 2.7): the verifiers `step` asks about every input.
+
+Contract. A `Verifier` judges one input against the thread's state as it stands before
+that input is folded, and returns a `signing.Verdict` (a provenance word and a reason).
+The fold refuses `forged`, `expired`, `unbound` and `invalid` inputs, and `unsigned` ones
+whose source must sign (reason `missing_signature`), each with a `rejected:<provenance>`
+receipt whose `reason` is the verdict's: nothing reaches history and the partition goes on.
+
+`KeyringVerifier(ring)`, what the processor runs when a key ring is configured, checks in
+this order:
+
+1. the signature, with `torpor.schemas.signing.verify`: the key, its window at the
+   input's `created_at`, its scope for the source, for the tool the input answers for
+   (the tool of the pending call, subscription or approval it names; `timer` for a
+   `TimerFired`), and for the thread's tenant; then `expires_at`;
+2. binding: a `ToolResult`, `ToolEvent`, `TimerFired` or `ApprovalRequest` naming a call
+   this thread has pending (or a live subscription) must carry that call's dispatch
+   `request_id`: otherwise `unbound`, `request_id_mismatch` (an answer to another
+   dispatch, e.g. an earlier attempt's, or another thread's). A call id the thread does
+   not have pending is left to the fold: `duplicate` if answered, `stale` otherwise;
+3. schema: a successful `ToolResult` whose tool declares a `result_schema` must carry
+   JSON text that satisfies it: otherwise `invalid`, `result_schema: <why>`.
+
+`SourceVerifier` is development mode (no key ring): no signature is checked, every input
+is `unsigned` with reason `no_keyring`, which the fold accepts from every source.
+
+Both read only the input and the state: no clock, no I/O. So a replay of the `inputs`
+topic with the same key ring judges every input exactly as the live processor did.
+Oversized inputs never get here: the processor parks them by their encoded size.
+
+`verifier_for(settings)` builds what a processor runs: `KeyringVerifier` over the key
+ring file of `[inputs] keyring` / `TORPOR_KEYRING` (read once, at start: an unreadable
+or invalid file is a `ConfigError`), else `SourceVerifier`, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Final, Protocol
+
+import fastjsonschema
+
+from torpor.processors.builtins import TIMER_TOOL
+from torpor.processors.calls import validator_for
+from torpor.processors.state import ThreadState
+from torpor.schemas import signing
+from torpor.schemas.keyring import KeyRing, load_keyring
+from torpor.schemas.records import (
+    INVALID,
+    UNBOUND,
+    UNSIGNED,
+    VERIFIED,
+    ApprovalRequest,
+    Input,
+    TextBlock,
+    TimerFired,
+    ToolEvent,
+    ToolResult,
+)
+from torpor.schemas.signing import DEFAULT_POLICY, SigningPolicy, Verdict
+from torpor.streams.config import InputSettings
+
+log = logging.getLogger(__name__)
+
+NO_KEYRING: Final = "no_keyring"
+REQUEST_ID_MISMATCH: Final = "request_id_mismatch"
+RESULT_SCHEMA: Final = "result_schema"
+
+
+def verifier_for(settings: InputSettings) -> Verifier:
+    """The verifier a processor with `settings` runs (module docstring)."""
+    if settings.keyring is None:
+        log.warning("no key ring configured (TORPOR_KEYRING): development mode, input signatures "
+                    "are not verified and unsigned connector, timer and operator inputs are accepted")
+        return SourceVerifier()
+    ring = load_keyring(settings.keyring)
+    log.info("verifying inputs against key ring %s (%d key versions)", settings.keyring, len(ring))
+    return KeyringVerifier(ring)
+
+
+class Verifier(Protocol):
+    """Decides an input's provenance before the fold sees it (module docstring)."""
+
+    def verify(self, record: Input, state: ThreadState | None) -> Verdict: ...
+
+
+class SourceVerifier:
+    """Development mode: nothing is checked, every input is `unsigned`, `no_keyring`."""
+
+    def verify(self, record: Input, state: ThreadState | None) -> Verdict:
+        return Verdict(UNSIGNED, NO_KEYRING, record.key_id)
+
+
+class KeyringVerifier:
+    """Signatures against a key ring, then binding and result schema (module docstring)."""
+
+    def __init__(self, ring: KeyRing, policy: SigningPolicy = DEFAULT_POLICY) -> None:
+        self._ring = ring
+        self._policy = policy
+
+    def verify(self, record: Input, state: ThreadState | None) -> Verdict:
+        bound = _bound_call(record, state)
+        tool = TIMER_TOOL if isinstance(record.body, TimerFired) else bound[0] if bound else None
+        tenant = state.config.capability.tenant if state is not None else None
+        verdict = signing.verify(record, self._ring, tool=tool, tenant=tenant, policy=self._policy)
+        refused = verdict.provenance not in (VERIFIED, UNSIGNED)
+        if refused or verdict.reason == signing.MISSING_SIGNATURE:
+            return verdict
+        if bound is not None and bound[1] != _request_id(record):
+            return Verdict(UNBOUND, REQUEST_ID_MISMATCH, record.key_id)
+        if state is not None and bound is not None:
+            problem = _result_schema_problem(record, state, bound[0])
+            if problem is not None:
+                return Verdict(INVALID, f"{RESULT_SCHEMA}: {problem}", record.key_id)
+        return verdict
+
+
+def _request_id(record: Input) -> str | None:
+    body = record.body
+    if isinstance(body, ToolResult | ToolEvent | TimerFired | ApprovalRequest):
+        return body.request_id
+    return None
+
+
+def _bound_call(record: Input, state: ThreadState | None) -> tuple[str, str] | None:
+    """(tool, request id) of the pending call or live subscription the input names, if any."""
+    body = record.body
+    if state is None or not isinstance(body, ToolResult | ToolEvent | TimerFired | ApprovalRequest):
+        return None
+    if not isinstance(body, ToolEvent):
+        for call in state.pending_calls:
+            if call.call_id == body.call_id:
+                return call.tool, call.request_id
+    for subscription in state.subscriptions:
+        if subscription.call_id == body.call_id:
+            return subscription.tool, subscription.request_id
+    return None
+
+
+def _result_schema_problem(record: Input, state: ThreadState, tool: str) -> str | None:
+    body = record.body
+    if not isinstance(body, ToolResult) or not body.ok:
+        return None  # an error result is text for the model, whatever the schema says
+    spec = next((s for s in state.config.tools if s.name == tool), None)
+    if spec is None or spec.result_schema is None:
+        return None
+    text = "".join(block.text for block in body.content if isinstance(block, TextBlock))
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        return f"not JSON ({error})"
+    try:
+        validate = validator_for(spec.result_schema)
+    except (ValueError, fastjsonschema.JsonSchemaDefinitionException) as error:
+        return f"the tool's result_schema is not a valid JSON Schema ({error})"
+    try:
+        validate(value)
+    except fastjsonschema.JsonSchemaException as error:
+        return str(error)
+    return None
