@@ -1,9 +1,11 @@
-"""`torpor connector run|run-echo`: serve an in-process connector from the Kafka outbox.
+"""`torpor connector run|run-echo|run-timers`: serve a connector from the Kafka outbox.
 
-A minimal runner (see `torpor.connectors.outbox`), not the full connector runtime.
-`run MODULE:NAME` imports NAME, a factory `(sink, clock) -> connector` such as
-`torpor.connectors.echo:EchoTool`; `run-echo` is that one. Logs go to stderr; exit 0
-after SIGTERM/SIGINT, 1 for a configuration problem, 2 for a fatal error.
+The connector runtime (`torpor.connectors.runtime`): an effect journal in
+`--journal-dir` (default `.torpor/connectors/<GROUP>`), reconcile at start, signed
+answers with `--signing-key-id`/`--signing-key`. `run MODULE:NAME` imports NAME, a
+factory `(sink, clock) -> connector` such as `torpor.connectors.echo:EchoTool`;
+`run-echo` and `run-timers` are the built-in ones. Logs go to stderr; exit 0 after
+SIGTERM/SIGINT, 1 for a configuration problem, 2 for a fatal error.
 """
 
 from __future__ import annotations
@@ -14,62 +16,68 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import click
 
 from torpor.cli.logs import configure
 from torpor.cli.settings import read_settings, settings_options
-from torpor.connectors.outbox import ConnectorFactory, OutboxRunner
+from torpor.connectors.journal import EffectJournal
+from torpor.connectors.runtime import ConnectorFactory, ConnectorRuntime
 from torpor.connectors.signer import Signer, SignerSettings
 from torpor.schemas.errors import ConfigError, TorporError
 
 ECHO: Final = "torpor.connectors.echo:EchoTool"
+TIMERS: Final = "torpor.connectors.timers:TimerConnector"
+
+_OPTIONS: Final = (
+    click.option("--group", default=None,
+                 help="Consumer group of the outbox. Default: torpor-connector-<NAME>."),
+    click.option("--journal-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                 help="The effect journal (RocksDB). Default: .torpor/connectors/<GROUP>. One per "
+                      "connector process: two processes must not share it."),
+    click.option("--signing-key-id", envvar="TORPOR_SIGNING_KEY_ID", default=None,
+                 help="Sign every answer with this key id (or TORPOR_SIGNING_KEY_ID); its key "
+                      "ring entry must allow this connector's source and tools."),
+    click.option("--signing-key", envvar="TORPOR_SIGNING_KEY", default=None,
+                 type=click.Path(dir_okay=False, path_type=Path),
+                 help="The private key file of --signing-key-id (`torpor keys new` writes it), "
+                      "or TORPOR_SIGNING_KEY."),
+    click.option("--log-level", default="info", show_default=True),
+)
+
+
+def _connector_options(command: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return settings_options(command)
 
 
 @click.group("connector")
 def connector() -> None:
-    """Run tool connectors against the outbox (minimal runner; the full runtime is a later issue)."""
-
-
-signing_options = (
-    click.option("--signing-key-id", envvar="TORPOR_SIGNING_KEY_ID", default=None,
-                 help="Sign every answer with this key id (or TORPOR_SIGNING_KEY_ID); its key "
-                      "ring entry must allow this connector's source and tools."),
-    click.option("--signing-key", "signing_key", envvar="TORPOR_SIGNING_KEY", default=None,
-                 type=click.Path(dir_okay=False, path_type=Path),
-                 help="The private key file of --signing-key-id (`torpor keys new` writes it), "
-                      "or TORPOR_SIGNING_KEY."),
-)
-
-
-def _signing(command: Callable[..., None]) -> Callable[..., None]:
-    for option in reversed(signing_options):
-        command = option(command)
-    return command
+    """Run tool connectors against the outbox."""
 
 
 @connector.command("run")
 @click.argument("target")
-@click.option("--group", default=None, help="Consumer group of the outbox. Default: torpor-connector-<NAME>.")
-@click.option("--log-level", default="info", show_default=True)
-@_signing
-@settings_options
-def run(target: str, group: str | None, log_level: str, signing_key_id: str | None,
-        signing_key: Path | None, config_file: Path | None, bootstrap: str | None) -> None:
+@_connector_options
+def run(target: str, **options: Any) -> None:
     """Serve the connector TARGET (MODULE:NAME, a factory taking a sink and a clock)."""
-    _serve(target, group, log_level, _signer(signing_key_id, signing_key), config_file, bootstrap)
+    _serve(target, **options)
 
 
 @connector.command("run-echo")
-@click.option("--group", default=None, help="Outbox consumer group. Default: torpor-connector-EchoTool.")
-@click.option("--log-level", default="info", show_default=True)
-@_signing
-@settings_options
-def run_echo(group: str | None, log_level: str, signing_key_id: str | None, signing_key: Path | None,
-             config_file: Path | None, bootstrap: str | None) -> None:
+@_connector_options
+def run_echo(**options: Any) -> None:
     """Serve the `echo` tool."""
-    _serve(ECHO, group, log_level, _signer(signing_key_id, signing_key), config_file, bootstrap)
+    _serve(ECHO, **options)
+
+
+@connector.command("run-timers")
+@_connector_options
+def run_timers(**options: Any) -> None:
+    """Serve durable timers (`sleep`, `sleep_until`): they fire once, after any restart."""
+    _serve(TIMERS, **options)
 
 
 def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
@@ -84,15 +92,24 @@ def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
         raise click.ClickException(str(error)) from None
 
 
-def _serve(target: str, group: str | None, log_level: str, signer: Signer | None, config_file: Path | None,
-           bootstrap: str | None) -> None:
+def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_key_id: str | None,
+           signing_key: Path | None, log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
     configure(log_level)
     settings = read_settings(config_file, bootstrap)
     factory = _import(target)
+    signer = _signer(signing_key_id, signing_key)
     name = target.rpartition(":")[2]
+    group = group or f"torpor-connector-{name}"
+    journal_dir = journal_dir or Path(".torpor") / "connectors" / group
     try:
-        runner = OutboxRunner(settings, factory, group=group or f"torpor-connector-{name}", signer=signer)
+        journal = EffectJournal(journal_dir)
+    except Exception as error:  # rocksdict raises a bare Exception for a locked or broken directory
+        raise click.ClickException(f"effect journal {journal_dir}: cannot open it: {error} "
+                                   "(is another connector process using it?)") from None
+    try:
+        runner = ConnectorRuntime(settings, factory, group=group, journal=journal, signer=signer)
     except ConfigError as error:
+        journal.close()
         raise click.ClickException(str(error)) from None
     stopping: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -17,7 +17,7 @@ timer, a subscription still sending). Work waiting for a person is not busy: loc
 is idle then, and the scenario may answer.
 
 Connectors import `torpor.schemas` only, never `torpor.processors` (DESIGN section 9).
-Inputs are produced unsigned; the outbox runner signs them when it has a `Signer`.
+Inputs are produced unsigned; the connector runtime signs them when it has a `Signer`.
 """
 
 from __future__ import annotations
@@ -96,6 +96,17 @@ class InProcessConnector:
         """Start the call's work. Subclasses override; the default answers with an error."""
         self.answer(dispatch, ok=False, content=text(f"{self.name} does not serve {dispatch.tool}"))
 
+    def reconcile(self, dispatch: Dispatch) -> bool:
+        """An earlier process started `dispatch` and died before it answered: did the effect happen?
+
+        Called by the connector runtime before any retry. Answer the call here (`answer`)
+        and return True if the effect happened; return False to run it again. The
+        default, False, is right for tools whose effect is idempotent or has none (echo,
+        timers, reads); a tool with an outside effect overrides it and looks for that
+        effect by `dispatch.request_id` (DESIGN 7).
+        """
+        return False
+
     def decide(self, dispatch: Dispatch) -> None:
         """A person decided on an approval this connector asked for (default: not expected)."""
         log.warning("unexpected approval decision", extra={"thread_id": dispatch.thread_id})
@@ -114,10 +125,11 @@ class InProcessConnector:
         def done(finished: asyncio.Task[None]) -> None:
             if self._tasks.get(key) is finished:
                 del self._tasks[key]
-            if not finished.cancelled() and finished.exception() is not None:
-                log.error(
-                    "tool work failed: %s", finished.exception(), extra={"thread_id": dispatch.thread_id}
-                )
+            if not finished.cancelled() and (error := finished.exception()) is not None:
+                # An error result reaches the model: never silence, never a hung call.
+                log.error("tool work failed: %r", error, extra={"thread_id": dispatch.thread_id})
+                why = f"{dispatch.tool} failed: {type(error).__name__}: {error}"
+                self.answer(dispatch, ok=False, content=text(why))
 
         task.add_done_callback(done)
 

@@ -68,6 +68,10 @@ class ToolRouter:
                 )
             )
 
+    def reconcile(self, dispatch: Dispatch) -> bool:
+        connector = self._by_tool.get(dispatch.tool)
+        return connector.reconcile(dispatch) if connector is not None else False
+
     async def close(self) -> None:
         for connector in self._connectors:
             await connector.close()

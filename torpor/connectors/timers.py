@@ -2,8 +2,13 @@
 
 A dispatch to `timer` carries `{"due_at": <ms>, "tool": <name>}`; when the wall clock
 passes `due_at` the connector sends `TimerFired(call_id, request_id, due_at)` with
-source `timer`. A `cancel` (or `close_thread`) before then removes the timer. Timers are
-held in memory: local mode only; the durable timer connector is a later issue.
+source `timer`. A `cancel` (or `close_thread`) before then removes the timer.
+
+Durable when served by the connector runtime (`torpor connector run-timers`): each
+timer is an effect in the runtime's journal, so after any restart an unfired timer is
+armed again from its dispatch (its `due_at` is in the arguments) and fires at its due
+time, at once if that passed while the connector was down; a fired one is not re-armed
+(its `TimerFired` is journaled and re-sent only if it was never delivered).
 """
 
 from __future__ import annotations

@@ -1,0 +1,127 @@
+"""The effect journal's state machine, in memory and in RocksDB (reopened as after a crash)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from torpor.connectors.journal import EffectJournal, EffectState
+from torpor.schemas.records import Capability, Dispatch, Input, TextBlock, ToolResult
+
+CAPABILITY = Capability(tenant="acme", tools=("effect",), scopes=(), expires_at=None)
+
+
+def dispatch(request_id: str = "rq1", call_id: str = "c1", kind: str = "invoke",
+             thread_id: str = "t1") -> Dispatch:
+    return Dispatch(request_id=request_id, thread_id=thread_id, call_id=call_id, tool="effect",
+                    arguments="{}", capability=CAPABILITY, attempt=0, created_at=1, deadline=None, kind=kind)
+
+
+def answer(request_id: str = "rq1", call_id: str = "c1") -> Input:
+    return Input(message_id=f"{request_id}-result", thread_id="t1", created_at=2, source="connector:effect",
+                 expires_at=None, key_id=None, signature=None,
+                 body=ToolResult(call_id, request_id, True, (TextBlock("ok"),), False))
+
+
+Open = Callable[[], EffectJournal]
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Open:
+    """Opens the journal again: the same one in memory, the same directory for RocksDB."""
+    if request.param == "memory":
+        journal = EffectJournal()
+        return lambda: journal
+    opened: list[EffectJournal] = []
+
+    def again() -> EffectJournal:
+        for journal in opened:
+            journal.close()
+        opened.append(EffectJournal(tmp_path / "journal"))
+        return opened[-1]
+
+    return again
+
+
+def test_an_invoke_runs_once_and_a_redelivery_is_recognised(reopen: Open) -> None:
+    journal = reopen()
+    assert journal.begin(dispatch(), 10) is None
+    again = journal.begin(dispatch(), 11)
+    assert again is not None and again.state == EffectState.DISPATCHED
+    assert journal.running() == 1
+
+
+def test_done_then_delivered_keeps_the_answer(reopen: Open) -> None:
+    journal = reopen()
+    journal.begin(dispatch(), 10)
+    journal.finish("rq1", answer(), 20)
+    journal = reopen()
+    found = journal.entry("rq1")
+    assert found is not None and found.state == EffectState.DONE and found.answer == answer()
+    journal.delivered("rq1", 30)
+    found = journal.entry("rq1")
+    assert found is not None and found.state == EffectState.DELIVERED
+    assert journal.running() == 0
+
+
+def test_recover_after_a_crash_marks_running_effects_unknown_and_lists_undelivered(reopen: Open) -> None:
+    journal = reopen()
+    journal.begin(dispatch("rq1", "c1"), 10)
+    journal.begin(dispatch("rq2", "c2"), 10)
+    journal.finish("rq2", answer("rq2", "c2"), 11)
+    journal.begin(dispatch("rq3", "c3"), 10)
+    journal.finish("rq3", answer("rq3", "c3"), 11)
+    journal.delivered("rq3", 12)
+    journal = reopen()  # the process died here
+    found = {e.request_id: e.state for e in journal.recover(100)}
+    assert found == {"rq1": EffectState.UNKNOWN, "rq2": EffectState.DONE}
+    journal.restart("rq1", 101)
+    effect = journal.entry("rq1")
+    assert effect is not None and effect.state == EffectState.DISPATCHED
+
+
+def test_cancel_ends_the_running_effect_of_the_call_only(reopen: Open) -> None:
+    journal = reopen()
+    journal.begin(dispatch("rq1", "c1"), 10)
+    assert journal.cancel("t1", "c1", 20) == "rq1"
+    assert journal.cancel("t1", "c1", 21) is None  # already cancelled
+    assert journal.cancel("t1", "c9", 21) is None  # never ran
+    effect = journal.entry("rq1")
+    assert effect is not None and effect.state == EffectState.CANCELLED
+    assert journal.recover(30) == []
+
+
+def test_a_decision_is_kept_with_its_running_effect(reopen: Open) -> None:
+    journal = reopen()
+    journal.begin(dispatch("rq1", "c1"), 10)
+    decision = dispatch("rq1-decision", "c1", kind="approval_decision")
+    assert journal.follow(decision, 11)
+    assert journal.follow(decision, 12)  # a redelivered decision is kept once
+    assert not journal.follow(dispatch("x", "c9", kind="approval_decision"), 12)
+    journal = reopen()
+    (effect,) = journal.recover(20)
+    assert effect.followups == (decision,)
+
+
+def test_close_thread_finds_the_threads_running_calls(reopen: Open) -> None:
+    journal = reopen()
+    journal.begin(dispatch("rq1", "c1"), 10)
+    journal.begin(dispatch("rq2", "c2"), 10)
+    journal.begin(dispatch("rq3", "c3", thread_id="t2"), 10)
+    journal.finish("rq2", answer("rq2", "c2"), 11)
+    assert journal.running_calls("t1") == ["c1"]
+
+
+def test_prune_forgets_only_settled_effects_older_than_the_window(reopen: Open) -> None:
+    journal = reopen()
+    for n in range(3):
+        journal.begin(dispatch(f"rq{n}", f"c{n}"), 10)
+    journal.finish("rq0", answer("rq0", "c0"), 11)
+    journal.delivered("rq0", 12)
+    journal.cancel("t1", "c1", 13)
+    assert journal.prune(before_ms=12) == 0  # rq0 touched at 12: not older than the window
+    assert journal.prune(before_ms=100) == 2
+    assert [e.request_id for e in journal.effects()] == ["rq2"]
+    assert journal.begin(dispatch("rq0", "c0"), 200) is None  # forgotten: it would run again

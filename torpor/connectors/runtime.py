@@ -1,0 +1,288 @@
+"""The connector runtime: serves one connector's tools from the Kafka `outbox` (DESIGN 7).
+
+Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=...)`:
+
+- consumes `outbox` read_committed (so no tool runs for a turn that is not durable) in
+  its own consumer group, decodes each `Dispatch` for the connector's tools and ignores
+  the others (several connectors may share a group name only if they serve the same
+  tools: give each connector its own group);
+- journals every `invoke` in the `EffectJournal` before the tool sees it (a request id
+  already journaled is never run twice; a finished one has its stored answer re-sent),
+  keeps approval decisions with the effect they decide, and cancels the journaled effect
+  on `cancel` / `close_thread` before the tool stops its work;
+- at start, recovers the journal: an effect that was running when the previous process
+  died is `unknown`, and the tool's `reconcile(dispatch)` hook decides, before any
+  retry, whether it happened (it answers then) or must run again; a finished but
+  undelivered answer is re-sent; delivered effects older than `retention_ms` are pruned;
+- produces the connector's inputs (`ToolResult`, `ToolEvent`, `TimerFired`,
+  `ApprovalRequest`) to `inputs` with an idempotent producer, at the partition murmur2
+  picks for the thread, signed with `signer` when there is one; a call's final answer
+  is journaled before it is produced and marked delivered when the broker acknowledges;
+- commits outbox offsets as soon as the dispatches are journaled: the journal, not the
+  offset, holds an effect from then on, so a week-long timer holds back nothing.
+
+Message ids of answers derive from the request id (`InProcessConnector.produce`), so any
+answer produced twice (a re-run after a crash, a re-sent stored answer) is one input to
+the fold. A tool that raises answers with an error result (`InProcessConnector.start`).
+
+`TORPOR_CONNECTOR_FAULT=after_effect` kills the process (SIGKILL) when a tool hands over
+its final answer, before the answer is journaled or produced: the crash window between
+an effect and its result, for the crash tests. Unset, it costs one comparison.
+
+An undecodable dispatch is logged loudly and skipped: a connector cannot act on it,
+and the processor's receipts already account for the turn that made it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
+from torpor.connectors.journal import EffectJournal, EffectState
+from torpor.connectors.manifest import publish_manifest
+from torpor.connectors.signer import Signer
+from torpor.schemas.codec import Codec
+from torpor.schemas.errors import DecodeError
+from torpor.schemas.records import Dispatch, Input, TimerFired, ToolEvent, ToolResult, ToolSpec
+from torpor.streams.clients import make_consumer, make_producer
+from torpor.streams.config import Settings
+from torpor.streams.errors import translate
+from torpor.streams.partitioner import partition_for
+from torpor.streams.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+# How long one poll of the outbox may wait; bounds the stop latency and lets the tasks run.
+POLL_SECONDS: Final = 0.05
+# How often journaled dispatches have their offsets committed.
+COMMIT_SECONDS: Final = 1.0
+# Deliver answers before stopping.
+FLUSH_SECONDS: Final = 10.0
+# Delivered effects are remembered this long: a dispatch redelivered within it never reruns.
+DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
+FAULT_ENV: Final = "TORPOR_CONNECTOR_FAULT"
+AFTER_EFFECT: Final = "after_effect"
+
+
+class Connector(Protocol):
+    """What the runtime drives: `InProcessConnector` and `ToolRouter` both fit."""
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]: ...
+
+    @property
+    def busy(self) -> int: ...
+
+    def submit(self, dispatch: Dispatch) -> None: ...
+
+    def reconcile(self, dispatch: Dispatch) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+ConnectorFactory = Callable[[Callable[[Input], None], Callable[[], int]], Connector]
+"""Builds a connector from its input sink and its clock (`EchoTool` is one)."""
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds: stamps the answers (a connector's inputs carry their time)."""
+    return time.time_ns() // 1_000_000
+
+
+def final_request(record: Input) -> str | None:
+    """The request id `record` finishes, if it is a call's final answer."""
+    body = record.body
+    if isinstance(body, ToolResult) and not body.subscription:
+        return body.request_id
+    if isinstance(body, ToolEvent) and body.final:
+        return body.request_id
+    if isinstance(body, TimerFired):
+        return body.request_id
+    return None
+
+
+class ConnectorRuntime:
+    """Serves one connector from the outbox (see the module docstring)."""
+
+    def __init__(self, settings: Settings, factory: ConnectorFactory, *, group: str,
+                 journal: EffectJournal | None = None, codec: Codec | None = None,
+                 signer: Signer | None = None, retention_ms: int = DEFAULT_RETENTION_MS,
+                 clock: Callable[[], int] = now_ms) -> None:
+        self._topics = TopicNames.for_prefix(settings.topics.prefix)
+        self._codec = codec or Codec.from_url(settings.schema_registry.url)
+        self._signer = signer
+        self._clock = clock
+        self._retention_ms = retention_ms
+        self.journal = journal or EffectJournal()
+        self._consumer = make_consumer(settings, group)
+        self._producer = make_producer(settings)
+        metadata = self._producer.list_topics(self._topics.inputs, timeout=10.0).topics[self._topics.inputs]
+        if metadata.error is not None:
+            raise translate(metadata.error, operation=f"metadata of {self._topics.inputs}")
+        self._partitions = len(metadata.partitions)
+        self.connector = factory(self._send, clock)
+        self._tools = frozenset(spec.name for spec in self.connector.specs)
+        self._fault = os.environ.get(FAULT_ENV) == AFTER_EFFECT
+        self._uncommitted: dict[int, int] = {}
+        self._last_commit = 0.0
+        self.handled = 0
+        self._settings = settings
+        if signer is None:
+            log.warning("no signing key: answers are produced unsigned (a processor with a key ring "
+                        "refuses them as missing_signature)")
+
+    # --- producing ---------------------------------------------------------------------
+
+    def _send(self, record: Input) -> None:
+        """The connector's sink: sign, journal a final answer, produce."""
+        if self._signer is not None:
+            record = self._signer.sign(record)
+        request_id = final_request(record)
+        if request_id is not None:
+            if self._fault:
+                log.error("fault %s: killing the connector before the answer is produced", AFTER_EFFECT)
+                os.kill(os.getpid(), signal.SIGKILL)
+            effect = self.journal.entry(request_id)
+            if effect is not None and effect.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
+                self.journal.finish(request_id, record, self._clock())
+            elif effect is not None and effect.state == EffectState.CANCELLED:
+                log.info("answer of a cancelled call dropped", extra={
+                    "thread_id": record.thread_id, "message_id": record.message_id})
+                return  # the fold answered it as interrupted already: a late result is only noise
+        self._produce(record, request_id)
+
+    def _produce(self, record: Input, request_id: str | None) -> None:
+        key = record.thread_id.encode("utf-8")
+        value = self._codec.encode(self._topics.inputs, record)
+        on_delivery = None if request_id is None else self._delivered_callback(request_id)
+        while True:
+            try:
+                self._producer.produce(self._topics.inputs, value=value, key=key,
+                                       partition=partition_for(key, self._partitions),
+                                       on_delivery=on_delivery)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def _delivered_callback(self, request_id: str) -> Callable[[KafkaError | None, Message], None]:
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            if error is None:
+                self.journal.delivered(request_id, self._clock())
+            else:  # stays `done`: re-sent at the next start
+                log.warning("answer not delivered: %s", error, extra={"message_id": request_id})
+        return delivered
+
+    # --- the loop ----------------------------------------------------------------------
+
+    async def run(self, should_stop: Callable[[], bool]) -> None:
+        """Recover, then serve dispatches until `should_stop()`; then stop the tools and commit."""
+        publish_manifest(self._producer, self._topics.toolsets, self.connector.specs, source=self._source)
+        self._recover()
+        self._consumer.subscribe([self._topics.outbox])
+        try:
+            while not should_stop():
+                messages = self._consumer.consume(100, timeout=0)
+                for message in messages:
+                    self._take(message.error(), message.value(), message.partition(), message.offset())
+                self._producer.poll(0)
+                if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_SECONDS:
+                    self._commit()
+                await asyncio.sleep(0 if messages else POLL_SECONDS)  # the tools' tasks run here
+        finally:
+            # Running effects stay `dispatched` in the journal: the next start reconciles them.
+            await self.connector.close()
+            if self._producer.flush(FLUSH_SECONDS) > 0:
+                log.warning("some answers were not delivered before the stop: re-sent at the next start")
+            self._commit()
+            self._consumer.close()
+            self.journal.close()
+
+    @property
+    def _source(self) -> str:
+        return str(getattr(self.connector, "source", "connector"))
+
+    def _recover(self) -> None:
+        now = self._clock()
+        pruned = self.journal.prune(now - self._retention_ms)
+        found = self.journal.recover(now)
+        rerun = resent = reconciled = 0
+        for effect in found:
+            if effect.state == EffectState.DONE and effect.answer is not None:
+                self._produce(effect.answer, effect.request_id)
+                resent += 1
+            elif effect.state == EffectState.UNKNOWN:
+                # Before any retry: did the effect happen? (the tool answers if it did)
+                if self.connector.reconcile(effect.dispatch):
+                    reconciled += 1
+                    continue
+                self.journal.restart(effect.request_id, now)
+                self.connector.submit(effect.dispatch)
+                for followup in effect.followups:
+                    self.connector.submit(followup)
+                rerun += 1
+        if found or pruned:
+            log.info("journal recovered: %d answers re-sent, %d effects reconciled, %d re-run, %d pruned",
+                     resent, reconciled, rerun, pruned)
+
+    def _take(self, error: KafkaError | None, value: bytes | None, partition: int | None,
+              offset: int | None) -> None:
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return
+            raise translate(error, operation="consume outbox")
+        assert partition is not None and offset is not None
+        self._uncommitted[partition] = offset + 1
+        try:
+            dispatch = self._codec.decode(self._topics.outbox, value or b"", Dispatch,
+                                          partition=partition, offset=offset)
+        except DecodeError as exc:
+            log.error("undecodable dispatch skipped: %s", exc,
+                      extra={"partition": partition, "offset": offset})
+            return
+        if dispatch.tool not in self._tools and dispatch.kind != CLOSE_THREAD:
+            return  # another connector's
+        where = {"thread_id": dispatch.thread_id, "message_id": dispatch.request_id,
+                 "partition": partition, "offset": offset}
+        self._route(dispatch)
+        self.handled += 1
+        log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra=where)
+
+    def _route(self, dispatch: Dispatch) -> None:
+        now = self._clock()
+        if dispatch.kind == INVOKE:
+            found = self.journal.begin(dispatch, now)
+            if found is None:
+                self.connector.submit(dispatch)
+            elif found.state == EffectState.DONE and found.answer is not None:
+                self._produce(found.answer, found.request_id)  # redelivered: re-send, do not rerun
+            return
+        if dispatch.kind == CANCEL:
+            self.journal.cancel(dispatch.thread_id, dispatch.call_id, now)
+        elif dispatch.kind == CLOSE_THREAD:
+            for call_id in self.journal.running_calls(dispatch.thread_id):
+                self.journal.cancel(dispatch.thread_id, call_id, now)
+        elif dispatch.kind == APPROVAL_DECISION:
+            self.journal.follow(dispatch, now)
+        self.connector.submit(dispatch)
+
+    def _commit(self) -> None:
+        """Commit what was taken: every invoke in it is journaled, so the journal owns it."""
+        self._last_commit = time.monotonic()
+        if not self._uncommitted:
+            return
+        offsets = [TopicPartition(self._topics.outbox, p, o) for p, o in self._uncommitted.items()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("outbox commit failed, dispatches will be redelivered (the journal absorbs "
+                        "them): %s", translate(exc, operation="commit"))
+            return
+        self._uncommitted.clear()
