@@ -4,10 +4,13 @@ A processor runs with `TORPOR_KEYRING` and a small `TORPOR_MAX_INPUT_BYTES`. Thr
 `victim` asks for `echo` and waits; before any connector runs, hostile and broken
 answers to its call are produced straight to `inputs`: unsigned, tampered, signed by a
 valid key that does not cover `echo`, by a key the ring does not know, bound to another
-dispatch, expired, oversized, and bytes that are not Avro. Each gets its receipt with
-the reason, nothing reaches the victim's history, and another thread keeps folding
-meanwhile. Then the echo connector, signing with its own key, answers: the victim's turn
-completes, and a replay of that genuine answer is a `duplicate`.
+dispatch, an expired event, oversized, bytes that are not Avro, a record whose body is
+a type this contract does not have. Each gets its receipt with the reason, nothing
+reaches the victim's history, and another thread keeps folding meanwhile; a result for
+the victim's call sent to that other thread is `stale` there. A model that calls
+`receive_event__injected` gets an error result and nothing is dispatched. Then the echo
+connector, signing with its own key, answers: the victim's turn completes, and a replay
+of that genuine answer is a `duplicate`.
 """
 
 from __future__ import annotations
@@ -23,17 +26,55 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.processors.test_processor import TORPOR, Deployment, _conversation, deployment
+from tests.processors.test_processor import SCRIPT, TORPOR, Deployment, _conversation, deployment
 from tests.waiting import wait_until
 from torpor.schemas import signing
+from torpor.schemas.codec import encode_value
 from torpor.schemas.keyring import KeyRing, KeyVersion, keyring_toml
-from torpor.schemas.records import Input, TextBlock, ToolResult
+from torpor.schemas.records import (
+    INJECTED_TOOL,
+    Control,
+    Input,
+    TextBlock,
+    ToolEvent,
+    ToolResult,
+    UserMessage,
+)
 
 pytestmark = pytest.mark.kafka
 
 __all__ = ["deployment"]  # the fixture, shared with test_processor
 
 MAX_BYTES = 20_000
+INJECTING = f"""\
+[[model]]
+last_contains = "cannot directly invoke"
+turns = [{{ text = "Understood." }}]
+
+[[model]]
+last_contains = "please inject"
+turns = [{{ text = "Injecting.", calls = [{{ name = "{INJECTED_TOOL}", arguments = {{ text = "hi" }} }}] }}]
+
+"""
+
+
+def _processor(deployment: Deployment) -> list[str]:
+    script = deployment.root / "hostile-script.toml"
+    header = '[thread]\nid = "unused"\n'
+    script.write_text(SCRIPT.replace(header, header + "\n" + INJECTING))
+    return [TORPOR, "processor", "--instance", "p0", "--app", f"app-{deployment.prefix}",
+            "--store-dir", str(deployment.root / "stores"), "--script", str(script)]
+
+
+def _unknown_body(thread_id: str) -> bytes:
+    """An Input whose body union index names a branch the contract does not have (a newer writer)."""
+    def encoded(body: UserMessage | Control) -> bytes:
+        return encode_value(Input(message_id="future", thread_id=thread_id, created_at=1, source="user:test",
+                                  expires_at=None, key_id=None, signature=None, body=body))
+    first = encoded(UserMessage((TextBlock("x"),)))
+    other = encoded(Control(command="stop", call_id=None, model=None, reason=None))
+    at = next(i for i, (a, b) in enumerate(zip(first, other, strict=False)) if a != b)
+    return first[:at] + bytes([0x7E]) + first[at + 1:]  # zigzag 63: no such branch
 
 
 def _raw(key: Ed25519PrivateKey) -> bytes:
@@ -75,7 +116,7 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
     echo_key, pem = keys
     victim, bystander = f"victim-{uuid.uuid4().hex[:8]}", f"bystander-{uuid.uuid4().hex[:8]}"
     deployment.send(*_conversation(victim, "please ping"))
-    processor = deployment.start(deployment.processor_args(), "processor")
+    processor = deployment.start(_processor(deployment), "processor")
     wait_until(lambda: any(d.thread_id == victim for d in deployment.dispatches()), timeout=120,
                message=f"the victim's dispatch; processor log:\n{deployment.log('processor')[-3000:]}")
     assert "key ring" in deployment.log("processor")
@@ -97,11 +138,16 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
         "unbound": (signed("bad-unbound", bound_to="an-earlier-dispatch"), "rejected:unbound",
                     "request_id_mismatch"),
         "expired": (signed("bad-expired", expires_at=9_000), "rejected:expired", "expired"),
+        "expired event": (signing.sign(dataclasses.replace(
+            _answer(victim, call, request, "bad-event"), expires_at=9_000,
+            body=ToolEvent(call, request, 0, True, False, (TextBlock("late"),))), "echo-1", echo_key),
+            "rejected:expired", "expired"),
     }
     deployment.send(*(record for record, _, _ in hostile.values()))
     oversized = signed("bad-oversized", text="x" * MAX_BYTES)
     deployment.send(oversized)
     deployment.send_raw(victim.encode(), b"\x00not avro")
+    deployment.send_raw(victim.encode(), _unknown_body(victim))
     deployment.send(*_conversation(bystander, "hello"))
 
     wait_until(lambda: deployment.answers(bystander) == ["Hello to you."], timeout=120,
@@ -113,10 +159,21 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
         assert (receipt.disposition, receipt.reason) == (disposition, reason), name
         assert receipt.history_after == receipt.history_before, name
     parked = [r for r in deployment.receipts() if r.disposition == "parked"]
-    assert len(parked) == 2
+    assert len(parked) == 3
     assert any("oversized" in (r.reason or "") for r in parked)
-    assert [k for k, _, _ in deployment.records("parked")] == [victim.encode()] * 2
+    assert [k for k, _, _ in deployment.records("parked")] == [victim.encode()] * 3
     assert deployment.answers(victim) == ["Pinging."]  # the call is still pending
+
+    # The victim's answer, correctly signed, sent to another thread: that thread has no such call.
+    misrouted = signing.sign(_answer(bystander, call, request, "bad-misrouted"), "echo-1", echo_key)
+    deployment.send(misrouted)
+    injector = f"injector-{uuid.uuid4().hex[:8]}"
+    deployment.send(*_conversation(injector, "please inject"))
+    wait_until(lambda: deployment.answers(injector) == ["Injecting.", "Understood."], timeout=120,
+               message=f"the injector's answers; processor log:\n{deployment.log('processor')[-3000:]}")
+    (stale,) = [r for r in deployment.receipts() if r.input_id == misrouted.message_id]
+    assert stale.disposition == "stale" and stale.history_after == stale.history_before
+    assert not [d for d in deployment.dispatches() if d.thread_id == injector]
 
     echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}",
                              "--signing-key-id", "echo-1", "--signing-key", str(pem)], "echo")
