@@ -257,7 +257,7 @@ def demo(keep: bool, config_file: Path | None, bootstrap: str | None) -> None:
     click.echo(f"topics {prefix}* on {settings.kafka.bootstrap_servers}")
     try:
         with tempfile.TemporaryDirectory(prefix="torpor-demo-") as work:
-            _play(settings, names, Path(work), run_id)
+            _play(settings, names, Path(work), run_id, config_file)
     finally:
         if keep:
             click.echo(f"kept the topics: TORPOR_TOPIC_PREFIX={prefix}")
@@ -267,13 +267,16 @@ def demo(keep: bool, config_file: Path | None, bootstrap: str | None) -> None:
                     future.result(timeout=60)
 
 
-def _play(settings: Settings, names: TopicNames, root: Path, run_id: str) -> None:
+def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config_file: Path | None) -> None:
     ring = _keys(root)
     (root / "script.toml").write_text(SCRIPT)
     env = {**os.environ, "TORPOR_BOOTSTRAP": settings.kafka.bootstrap_servers,
            "TORPOR_TOPIC_PREFIX": names.inputs.removesuffix("inputs"), "TORPOR_PARTITIONS": "3",
            "TORPOR_KEYRING": str(ring)}
-    env.pop("TORPOR_CONFIG", None)
+    # The processes read the same settings file (security, librdkafka overrides); the
+    # variables above win over it, as they do everywhere.
+    if config_file is not None:
+        env["TORPOR_CONFIG"] = str(config_file.resolve())
     run = _Run(root, env)
     run.start("processor", "processor", "--instance", "p0", "--app", f"demo-{run_id}",
               "--store-dir", str(root / "stores"), "--script", str(root / "script.toml"))
