@@ -19,7 +19,7 @@ from torpor.processors.state import PendingCall, ThreadState
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import MemoryStore
 from torpor.processors.tables import load_state, read_entries
-from torpor.processors.verify import KeyringVerifier, SourceVerifier, verifier_for
+from torpor.processors.verify import KeyringVerifier, SourceVerifier, processor_signer, verifier_for
 from torpor.schemas import signing
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.keyring import KeyRing, KeyVersion, keyring_toml
@@ -244,3 +244,57 @@ def test_verifier_for_reads_the_key_ring_file(tmp_path: Path) -> None:
 def test_verifier_for_names_an_unreadable_key_ring(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"missing\.toml"):
         verifier_for(InputSettings(keyring=tmp_path / "missing.toml"))
+
+
+# --- the processor's own key ---------------------------------------------------------
+
+
+def _pem(tmp_path: Path, key: Ed25519PrivateKey, name: str = "proc.pem") -> Path:
+    path = tmp_path / name
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+    return path
+
+
+def _ring_with_processor(tmp_path: Path, key: Ed25519PrivateKey, source: str = "processor") -> Path:
+    path = tmp_path / "ring.toml"
+    entry = KeyVersion(key_id="proc-1", public_key=_raw(key), sources=(source,))
+    path.write_text(keyring_toml(KeyRing((*RING.entries, entry))), encoding="utf-8")
+    return path
+
+
+def test_with_a_processor_key_unsigned_processor_inputs_are_refused(tmp_path: Path) -> None:
+    processor = Ed25519PrivateKey.generate()
+    settings = InputSettings(keyring=_ring_with_processor(tmp_path, processor), processor_key_id="proc-1",
+                             processor_key=_pem(tmp_path, processor))
+    judge = verifier_for(settings)
+    _, state, _ = _waiting_world()
+    loopback = _input(user("from a child"), source="processor")
+    assert (judge.verify(loopback, state).provenance, judge.verify(loopback, state).reason) == (
+        "unsigned", "missing_signature")
+    signer = processor_signer(settings)
+    assert signer is not None
+    assert judge.verify(signer.sign(loopback), state).provenance == "verified"
+    # Without a processor key the ring still trusts unsigned processor inputs (and says so).
+    assert verifier_for(InputSettings(keyring=settings.keyring)).verify(loopback, state).reason \
+        == signing.SIGNATURE_NOT_REQUIRED
+
+
+def test_a_processor_key_missing_from_the_ring_is_a_config_error(tmp_path: Path) -> None:
+    processor = Ed25519PrivateKey.generate()
+    ring = _ring_with_processor(tmp_path, Ed25519PrivateKey.generate())  # another public key
+    with pytest.raises(ConfigError, match="has no version of key 'proc-1'"):
+        processor_signer(InputSettings(keyring=ring, processor_key_id="proc-1",
+                                       processor_key=_pem(tmp_path, processor)))
+    wrong_source = _ring_with_processor(tmp_path, processor, source="connector:*")
+    with pytest.raises(ConfigError, match="allowed for source 'processor'"):
+        processor_signer(InputSettings(keyring=wrong_source, processor_key_id="proc-1",
+                                       processor_key=_pem(tmp_path, processor)))
+
+
+def test_a_processor_key_needs_its_file_and_a_key_ring(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="TORPOR_PROCESSOR_KEY"):
+        InputSettings(keyring=tmp_path / "ring.toml", processor_key_id="proc-1")
+    with pytest.raises(ConfigError, match="TORPOR_KEYRING"):
+        InputSettings(processor_key_id="proc-1", processor_key=tmp_path / "proc.pem")

@@ -24,8 +24,8 @@ from torpor.cli.logs import configure
 from torpor.cli.settings import read_settings, settings_options
 from torpor.connectors.journal import EffectJournal
 from torpor.connectors.runtime import ConnectorFactory, ConnectorRuntime
-from torpor.connectors.signer import Signer, SignerSettings
 from torpor.schemas.errors import ConfigError, TorporError
+from torpor.schemas.signer import Signer, SignerSettings
 
 ECHO: Final = "torpor.connectors.echo:EchoTool"
 TIMERS: Final = "torpor.connectors.timers:TimerConnector"

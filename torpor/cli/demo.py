@@ -1,14 +1,15 @@
 """`torpor demo`: one agent, end to end through a real Kafka broker, exactly once and signed.
 
 What it runs, as separate processes like a deployment: a processor (scripted model,
-verifying inputs against a key ring made for the run), the echo connector and the timer
-connector, each signing its answers with its own key. It creates a thread and asks it
-to check a build; the agent calls `echo`, sleeps two seconds on a durable timer, and
-reports. Every record of the run is printed as it is committed (inputs, dispatches,
-events, receipts, read_committed from the topics). Then it checks what a user of Kafka
-would: every input has exactly one receipt, all `applied`; every connector and timer
-input was `verified`; no dispatch request id appears twice in the outbox; and each
-process stopped cleanly. Any failure exits non-zero with the reason and the logs' tails.
+verifying inputs against a key ring made for the run, signing its own completions), the
+echo connector and the timer connector, each signing its answers with its own key. It
+creates a thread and asks it to check a build; the agent calls `echo`, sleeps two
+seconds on a durable timer, and reports. Every record of the run is printed as it is
+committed (inputs, dispatches, events, receipts, read_committed from the topics). Then
+it checks what a user of Kafka would: every input has exactly one receipt, all
+`applied`; every input not from the user (connector, timer, model completion) was
+`verified`; no dispatch request id appears twice in the outbox; and each process
+stopped cleanly. Any failure exits non-zero with the reason and the logs' tails.
 
 Topics get a prefix of their own per run (`demo.<id>.`), deleted afterwards unless
 `--keep` (then `torpor replay`, `torpor tail` and friends can look at them).
@@ -132,7 +133,8 @@ class _Run:
 def _keys(root: Path) -> Path:
     """A private key per connector (files mode 0600) and the key ring that trusts them."""
     versions = []
-    for key_id, source, tool in (("demo-echo", "connector:echo", "echo"), ("demo-timer", "timer", "timer")):
+    for key_id, source, tool in (("demo-echo", "connector:echo", "echo"), ("demo-timer", "timer", "timer"),
+                                 ("demo-processor", "processor", "*")):
         key = Ed25519PrivateKey.generate()
         pem = root / f"{key_id}.pem"
         pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -226,12 +228,11 @@ def _check(reader: _Reader) -> list[str]:
     for receipt in receipts:
         if receipt.disposition != "applied":
             problems.append(f"input {receipt.input_id}: {receipt.disposition} ({receipt.reason})")
-    signed = [r for r in receipts if r.input_id in {i.message_id for i in inputs if i.source != "user:demo"
-                                                     and i.source != "processor"}]
+    signed = [r for r in receipts if r.input_id in {i.message_id for i in inputs if i.source != "user:demo"}]
     for receipt in signed:
         if receipt.provenance != VERIFIED:
-            problems.append(f"input {receipt.input_id} from a connector was {receipt.provenance}, "
-                            "not verified")
+            problems.append(f"input {receipt.input_id} from a connector or the processor was "
+                            f"{receipt.provenance}, not verified")
     dispatches = Counter(d.request_id for d in reader.records[Dispatch] if isinstance(d, Dispatch))
     problems.extend(f"request {r} dispatched {n} times" for r, n in dispatches.items() if n > 1)
     return problems
@@ -272,7 +273,9 @@ def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config
     (root / "script.toml").write_text(SCRIPT)
     env = {**os.environ, "TORPOR_BOOTSTRAP": settings.kafka.bootstrap_servers,
            "TORPOR_TOPIC_PREFIX": names.inputs.removesuffix("inputs"), "TORPOR_PARTITIONS": "3",
-           "TORPOR_KEYRING": str(ring)}
+           "TORPOR_KEYRING": str(ring),
+           "TORPOR_PROCESSOR_KEY_ID": "demo-processor",
+           "TORPOR_PROCESSOR_KEY": str(root / "demo-processor.pem")}
     # The processes read the same settings file (security, librdkafka overrides); the
     # variables above win over it, as they do everywhere.
     if config_file is not None:

@@ -22,7 +22,6 @@ import click
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from torpor.connectors.signer import public_key_bytes
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.keyring import (
     KeyRing,
@@ -34,6 +33,7 @@ from torpor.schemas.keyring import (
     ms_to_text,
     parse_keyring,
 )
+from torpor.schemas.signer import public_key_bytes
 
 keyring_option = click.option(
     "--keyring",

@@ -48,10 +48,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
 from torpor.connectors.journal import EffectJournal, EffectState
 from torpor.connectors.manifest import publish_manifest
-from torpor.connectors.signer import Signer
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import DecodeError
 from torpor.schemas.records import Dispatch, Input, TimerFired, ToolEvent, ToolResult, ToolSpec
+from torpor.schemas.signer import Signer
 from torpor.streams.clients import make_consumer, make_producer
 from torpor.streams.config import Settings
 from torpor.streams.errors import translate

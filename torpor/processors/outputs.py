@@ -32,6 +32,7 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import DecodeError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import PARKED, UNSIGNED, Receipt
+from torpor.schemas.signer import Signer
 from torpor.streams.partitioner import partition_for
 from torpor.streams.task import InputRecord, OutputRecord
 from torpor.streams.topics import TopicNames
@@ -50,12 +51,15 @@ class OutputWriter:
     topics: TopicNames
     inputs_partitions: int
     codec: Codec
+    signer: Signer | None = None  # the processor's key: loopbacks are signed (processors.verify)
 
     def step_records(self, output: StepOutput, originals: Mapping[int, InputRecord]) -> list[OutputRecord]:
         """The records of `output`, in topic order (atomic in one transaction, so order is free)."""
         t, encode = self.topics, self.codec.encode
         records = [OutputRecord(t.outbox, _key(d.thread_id), encode(t.outbox, d)) for d in output.dispatches]
         for loopback in output.loopbacks:
+            if self.signer is not None:
+                loopback = self.signer.sign(loopback)
             key = _key(loopback.thread_id)
             partition = partition_for(key, self.inputs_partitions)
             records.append(OutputRecord(t.inputs, key, encode(t.inputs, loopback), partition=partition))

@@ -46,10 +46,11 @@ from torpor.processors.outputs import OutputWriter
 from torpor.processors.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import Overlay, RocksStore, StoreOffsets
-from torpor.processors.verify import Verifier, verifier_for
+from torpor.processors.verify import Verifier, processor_signer, verifier_for
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
+from torpor.schemas.signer import Signer
 from torpor.streams.clients import make_consumer, make_producer
 from torpor.streams.config import Settings
 from torpor.streams.loop import CheckpointLoop, LoopSettings
@@ -131,8 +132,10 @@ class StageThread:
 class KafkaStageSink:
     """`StageSink` over a plain producer: live events to `events`, completions to `inputs`."""
 
-    def __init__(self, producer: Producer, topics: TopicNames, inputs_partitions: int, codec: Codec) -> None:
+    def __init__(self, producer: Producer, topics: TopicNames, inputs_partitions: int, codec: Codec,
+                 signer: Signer | None = None) -> None:
         self._producer = producer
+        self._signer = signer
         self._topics = topics
         self._partitions = inputs_partitions
         self._codec = codec
@@ -142,6 +145,8 @@ class KafkaStageSink:
                                 self._codec.encode(self._topics.events, event)))
 
     def publish_completion(self, completion: Input) -> None:
+        if self._signer is not None:
+            completion = self._signer.sign(completion)
         key = completion.thread_id.encode()
         self._send(OutputRecord(self._topics.inputs, key, self._codec.encode(self._topics.inputs, completion),
                                 partition=partition_for(key, self._partitions)))
@@ -278,13 +283,14 @@ class Processor:
         self.provider = provider
         self.topics = TopicNames.for_prefix(settings.topics.prefix)
         self.codec = codec or Codec.from_url(settings.schema_registry.url)
-        self.writer = OutputWriter(self.topics, inputs_partitions, self.codec)
+        signer = processor_signer(settings.inputs)
+        self.writer = OutputWriter(self.topics, inputs_partitions, self.codec, signer)
         self.verifier = verifier or verifier_for(settings.inputs)
         self.max_input_bytes = settings.inputs.max_bytes
         self.default_config = default_config
         self.stages = StageThread()
         self._sink_producer = make_producer(settings)
-        self.sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec)
+        self.sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec, signer)
         self.tasks: dict[int, ThreadTask] = {}
         self.loop = CheckpointLoop(
             make_consumer(settings, config.app, instance_id=config.instance),

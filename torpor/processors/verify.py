@@ -30,7 +30,13 @@ Oversized inputs never get here: the processor parks them by their encoded size.
 
 `verifier_for(settings)` builds what a processor runs: `KeyringVerifier` over the key
 ring file of `[inputs] keyring` / `TORPOR_KEYRING` (read once, at start: an unreadable
-or invalid file is a `ConfigError`), else `SourceVerifier`, with a warning.
+or invalid file is a `ConfigError`), else `SourceVerifier`, with a warning. With a
+processor key (`TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`), `processor` joins the
+sources that must sign, and `processor_signer(settings)` is the signer the processor
+signs its loopbacks and completions with (its public key must be in the ring, with
+source `processor`); without one, inputs claiming source `processor` are trusted
+unsigned, and the processor warns that anyone who can produce to `inputs` could forge
+them.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from torpor.processors.builtins import TIMER_TOOL
 from torpor.processors.calls import validator_for
 from torpor.processors.state import ThreadState
 from torpor.schemas import signing
+from torpor.schemas.errors import ConfigError
 from torpor.schemas.keyring import KeyRing, load_keyring
 from torpor.schemas.records import (
     INVALID,
@@ -58,12 +65,14 @@ from torpor.schemas.records import (
     ToolEvent,
     ToolResult,
 )
+from torpor.schemas.signer import Signer, SignerSettings
 from torpor.schemas.signing import DEFAULT_POLICY, SigningPolicy, Verdict
 from torpor.streams.config import InputSettings
 
 log = logging.getLogger(__name__)
 
 NO_KEYRING: Final = "no_keyring"
+PROCESSOR_SOURCE: Final = "processor"  # what the processor's own inputs say they come from
 REQUEST_ID_MISMATCH: Final = "request_id_mismatch"
 RESULT_SCHEMA: Final = "result_schema"
 
@@ -76,7 +85,34 @@ def verifier_for(settings: InputSettings) -> Verifier:
         return SourceVerifier()
     ring = load_keyring(settings.keyring)
     log.info("verifying inputs against key ring %s (%d key versions)", settings.keyring, len(ring))
-    return KeyringVerifier(ring)
+    if settings.processor_key_id is None:
+        log.warning("no processor signing key (TORPOR_PROCESSOR_KEY_ID, TORPOR_PROCESSOR_KEY): inputs "
+                    "with source 'processor' (completions, loopbacks) are accepted unsigned, so anyone "
+                    "who may produce to the inputs topic could forge them")
+        return KeyringVerifier(ring)
+    required = (*DEFAULT_POLICY.required_sources, PROCESSOR_SOURCE)
+    return KeyringVerifier(ring, SigningPolicy(required_sources=required))
+
+
+def processor_signer(settings: InputSettings) -> Signer | None:
+    """The processor's own signer, checked against the key ring; None without a processor key.
+
+    Raises `ConfigError` if the key file cannot be loaded, or the ring has no version of
+    the key id with this public key allowed to sign for source `processor`.
+    """
+    if settings.processor_key_id is None or settings.processor_key is None or settings.keyring is None:
+        return None
+    signer = Signer.from_settings(SignerSettings(settings.processor_key_id, settings.processor_key))
+    ring = load_keyring(settings.keyring)
+    if not any(v.public_key == signer.public_key and v.may_sign_source(PROCESSOR_SOURCE)
+               for v in ring.versions(signer.key_id)):
+        raise ConfigError(
+            f"key ring {settings.keyring} has no version of key {signer.key_id!r} with this processor "
+            f"key's public key ({signer.fingerprint}) allowed for source {PROCESSOR_SOURCE!r}: add it "
+            f"with `torpor keys new --id {signer.key_id} --source {PROCESSOR_SOURCE} --keyring "
+            f"{settings.keyring} ...` (or append the entry `torpor keys show` prints)"
+        )
+    return signer
 
 
 class Verifier(Protocol):

@@ -263,12 +263,29 @@ class InputSettings:
     None means development mode: no signature is checked and unsigned connector, timer
     and operator inputs are accepted (the processor says so at start). `max_bytes`: the
     largest encoded input folded; a larger one is parked with a receipt.
+    `processor_key_id` and `processor_key` (a private key file): the processor signs its
+    loopback inputs and model completions with it, and then inputs with source
+    `processor` must be signed too (else anyone who may produce to `inputs` could write
+    a model's answer). Both or neither.
     """
 
     keyring: Path | None = None
     max_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    processor_key_id: str | None = None
+    processor_key: Path | None = None
 
     def __post_init__(self) -> None:
+        if (self.processor_key_id is None) != (self.processor_key is None):
+            raise ConfigError(
+                "the processor's signing key needs both its id and its file: "
+                f"{_where('TORPOR_PROCESSOR_KEY_ID', 'inputs', 'processor_key_id')} and "
+                f"{_where('TORPOR_PROCESSOR_KEY', 'inputs', 'processor_key')}"
+            )
+        if self.processor_key_id is not None and self.keyring is None:
+            raise ConfigError(
+                "a processor signing key without a key ring verifies nothing: set "
+                f"{_where('TORPOR_KEYRING', 'inputs', 'keyring')} too"
+            )
         if self.max_bytes < 1:
             raise ConfigError(
                 f"max input bytes must be at least 1, not {self.max_bytes}: "
@@ -314,6 +331,8 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key("schema_registry", "url", "TORPOR_SCHEMA_REGISTRY_URL", str, optional=True),
     _Key("inputs", "keyring", "TORPOR_KEYRING", str, optional=True),
     _Key("inputs", "max_bytes", "TORPOR_MAX_INPUT_BYTES", int),
+    _Key("inputs", "processor_key_id", "TORPOR_PROCESSOR_KEY_ID", str, optional=True),
+    _Key("inputs", "processor_key", "TORPOR_PROCESSOR_KEY", str, optional=True),
 )
 _OVERRIDES_TABLE: Final = "librdkafka"  # [kafka.librdkafka]: free-form librdkafka properties
 _SECTIONS: Final = frozenset(k.section for k in _KEYS)
@@ -342,6 +361,8 @@ def load_settings(env: Mapping[str, str], file: Path | None) -> Settings:
     - `TORPOR_KEYRING`: the key ring file signed inputs are verified against (`[inputs] keyring`;
       unset: development mode, nothing verified).
     - `TORPOR_MAX_INPUT_BYTES`: the largest input folded (`[inputs] max_bytes`, default 1 MiB).
+    - `TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`: the processor's own signing key
+      (`[inputs] processor_key_id`, `processor_key`: a key id and a private key file).
 
     librdkafka overrides come from `[kafka.librdkafka]` only (string, integer or boolean
     values). Raises `ConfigError` naming the source and the fix for a missing or unreadable
@@ -450,9 +471,12 @@ def _build(values: _Values, overrides: Mapping[str, str]) -> Settings:
     registry = SchemaRegistrySettings(url=_text(values, "schema_registry", "url", None))
     keyring = _text(values, "inputs", "keyring", None)
     max_bytes = values.get(("inputs", "max_bytes"), DEFAULT_MAX_INPUT_BYTES)
+    processor_key = _text(values, "inputs", "processor_key", None)
     inputs = InputSettings(
         keyring=Path(keyring) if keyring else None,
         max_bytes=max_bytes if isinstance(max_bytes, int) else DEFAULT_MAX_INPUT_BYTES,
+        processor_key_id=_text(values, "inputs", "processor_key_id", None) or None,
+        processor_key=Path(processor_key) if processor_key else None,
     )
     return Settings(kafka=kafka, topics=topics, schema_registry=registry, inputs=inputs)
 

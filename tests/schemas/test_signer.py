@@ -20,11 +20,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from torpor.cli import main
-from torpor.connectors.signer import Signer, SignerSettings, load_private_key, public_key_bytes
 from torpor.schemas import records as r
 from torpor.schemas import signing
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.keyring import KeyRing, KeyVersion, load_keyring
+from torpor.schemas.signer import Signer, SignerSettings, load_private_key, public_key_bytes
 
 T0 = 1_800_000_000_000
 

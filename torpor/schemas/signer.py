@@ -1,4 +1,4 @@
-"""The connector's signer: one private key, used to sign every input a connector produces.
+"""A signer: one private key, used to sign every input a connector (or a processor) produces.
 
 Contract. `Signer(key_id, private_key)` signs with `torpor.schemas.signing.sign`;
 `Signer.from_settings(SignerSettings(key_id, private_key_file))` loads the key once, at
@@ -9,7 +9,8 @@ Ed25519 private key: refuse to start rather than produce inputs the processor wi
 
 The key ring entry that goes with the key (`torpor keys new` prints it) must allow the
 connector's `source` and the tools it answers for, or every input it signs is judged
-`forged` (`key_not_allowed_for_source` / `_tool`).
+`forged` (`key_not_allowed_for_source` / `_tool`). A processor's key signs its loopback
+inputs and model completions (source `processor`).
 """
 
 from __future__ import annotations
