@@ -43,6 +43,8 @@ _OPTIONS: Final = (
                  type=click.Path(dir_okay=False, path_type=Path),
                  help="The private key file of --signing-key-id (`torpor keys new` writes it), "
                       "or TORPOR_SIGNING_KEY."),
+    click.option("--concurrency", type=int, default=None,
+                 help="Run at most this many calls at once (default: no limit; leave it so for timers)."),
     click.option("--log-level", default="info", show_default=True),
 )
 
@@ -93,7 +95,8 @@ def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
 
 
 def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_key_id: str | None,
-           signing_key: Path | None, log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
+           signing_key: Path | None, concurrency: int | None, log_level: str, config_file: Path | None,
+           bootstrap: str | None) -> None:
     configure(log_level)
     settings = read_settings(config_file, bootstrap)
     factory = _import(target)
@@ -107,7 +110,8 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
         raise click.ClickException(f"effect journal {journal_dir}: cannot open it: {error} "
                                    "(is another connector process using it?)") from None
     try:
-        runner = ConnectorRuntime(settings, factory, group=group, journal=journal, signer=signer)
+        runner = ConnectorRuntime(settings, factory, group=group, journal=journal, signer=signer,
+                                  max_concurrency=concurrency)
     except ConfigError as error:
         journal.close()
         raise click.ClickException(str(error)) from None

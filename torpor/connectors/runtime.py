@@ -18,6 +18,9 @@ Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=..
   `ApprovalRequest`) to `inputs` with an idempotent producer, at the partition murmur2
   picks for the thread, signed with `signer` when there is one; a call's final answer
   is journaled before it is produced and marked delivered when the broker acknowledges;
+- with `max_concurrency`, takes no new dispatch while that many calls run (the outbox
+  partitions are paused, the group membership kept): for tools that cost a process or
+  a connection each. Waits (timers) count as running: leave it unset for them;
 - commits outbox offsets as soon as the dispatches are journaled: the journal, not the
   offset, holds an effect from then on, so a week-long timer holds back nothing.
 
@@ -49,7 +52,7 @@ from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD,
 from torpor.connectors.journal import EffectJournal, EffectState
 from torpor.connectors.manifest import publish_manifest
 from torpor.schemas.codec import Codec
-from torpor.schemas.errors import DecodeError
+from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Dispatch, Input, TimerFired, ToolEvent, ToolResult, ToolSpec
 from torpor.schemas.signer import Signer
 from torpor.streams.clients import make_consumer, make_producer
@@ -62,6 +65,8 @@ log = logging.getLogger(__name__)
 
 # How long one poll of the outbox may wait; bounds the stop latency and lets the tasks run.
 POLL_SECONDS: Final = 0.05
+# Dispatches taken per poll at most.
+TAKE: Final = 100
 # How often journaled dispatches have their offsets committed.
 COMMIT_SECONDS: Final = 1.0
 # Deliver answers before stopping.
@@ -115,7 +120,11 @@ class ConnectorRuntime:
     def __init__(self, settings: Settings, factory: ConnectorFactory, *, group: str,
                  journal: EffectJournal | None = None, codec: Codec | None = None,
                  signer: Signer | None = None, retention_ms: int = DEFAULT_RETENTION_MS,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 max_concurrency: int | None = None, clock: Callable[[], int] = now_ms) -> None:
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ConfigError(f"--concurrency must be at least 1, not {max_concurrency}")
+        self._max_concurrency = max_concurrency
+        self._paused = False
         self._topics = TopicNames.for_prefix(settings.topics.prefix)
         self._codec = codec or Codec.from_url(settings.schema_registry.url)
         self._signer = signer
@@ -189,7 +198,8 @@ class ConnectorRuntime:
         self._consumer.subscribe([self._topics.outbox])
         try:
             while not should_stop():
-                messages = self._consumer.consume(100, timeout=0)
+                room = self._room()
+                messages = self._consumer.consume(room, timeout=0)
                 for message in messages:
                     self._take(message.error(), message.value(), message.partition(), message.offset())
                 self._producer.poll(0)
@@ -204,6 +214,23 @@ class ConnectorRuntime:
             self._commit()
             self._consumer.close()
             self.journal.close()
+
+    def _room(self) -> int:
+        """How many dispatches to take now: all that come, or what `max_concurrency` leaves."""
+        if self._max_concurrency is None:
+            return TAKE
+        room = self._max_concurrency - self.connector.busy
+        assignment = self._consumer.assignment()
+        if room <= 0:
+            # Paused, not unpolled: consume() keeps the group membership and rebalances alive.
+            if assignment:
+                self._consumer.pause(assignment)
+            self._paused = True
+            return 1
+        if self._paused and assignment:
+            self._consumer.resume(assignment)
+            self._paused = False
+        return min(room, TAKE)
 
     @property
     def _source(self) -> str:

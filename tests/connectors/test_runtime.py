@@ -1,0 +1,109 @@
+"""The connector runtime in-process against a real broker: bounded concurrency, redelivery.
+
+Dispatches are produced straight to the outbox (as a processor's committed transaction
+would leave them) and served by `ConnectorRuntime` running in this test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.connectors.test_journal import CAPABILITY
+from tests.processors.test_processor import Deployment, deployment
+from tests.waiting import wait_until
+from torpor.connectors.functions import Call, tool
+from torpor.connectors.journal import EffectJournal, EffectState
+from torpor.connectors.runtime import ConnectorRuntime
+from torpor.schemas.codec import encode_value
+from torpor.schemas.records import Dispatch, ToolResult
+from torpor.streams.config import KafkaSettings, Settings, TopicSettings
+
+pytestmark = pytest.mark.kafka
+
+__all__ = ["deployment"]  # the fixture, shared with test_processor
+
+RUNNING: list[str] = []
+CALLS: list[str] = []
+MOST: list[int] = [0]
+
+
+@tool(description="Takes a while.", toolset="test")
+async def slow(args: dict[str, Any], call: Call) -> str:
+    CALLS.append(call.request_id)
+    RUNNING.append(call.request_id)
+    MOST[0] = max(MOST[0], len(RUNNING))
+    await asyncio.sleep(0.3)
+    RUNNING.remove(call.request_id)
+    return f"done {call.request_id}"
+
+
+def _dispatch(n: int) -> Dispatch:
+    return Dispatch(request_id=f"rq-{n}", thread_id=f"t-{n}", call_id=f"c-{n}", tool="slow", arguments="{}",
+                    capability=CAPABILITY, attempt=0, created_at=1, deadline=None, kind="invoke")
+
+
+def _produce(deployment: Deployment, *dispatches: Dispatch) -> None:
+    producer = Producer({"bootstrap.servers": deployment.bootstrap})
+    for d in dispatches:
+        producer.produce(deployment.topic("outbox"), key=d.thread_id.encode(), value=encode_value(d))
+    assert producer.flush(30) == 0
+
+
+def _results(deployment: Deployment) -> list[ToolResult]:
+    return [i.body for i in deployment.inputs() if isinstance(i.body, ToolResult)]
+
+
+def _serve(deployment: Deployment, journal: Path, until: Callable[[ConnectorRuntime], bool],
+           **options: Any) -> None:
+    """Run a runtime in this thread's event loop until `until(runtime)` holds (60 s at most)."""
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=deployment.bootstrap),
+                        topics=TopicSettings(prefix=deployment.prefix))
+    runtime = ConnectorRuntime(settings, slow, group=f"g-{deployment.prefix}", journal=EffectJournal(journal),
+                               **options)
+
+    async def go() -> None:
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            await asyncio.to_thread(wait_until, lambda: until(runtime), timeout=60,
+                                    message="the runtime's work")
+            done.set()
+
+        watcher = asyncio.create_task(watch())
+        await runtime.run(done.is_set)
+        await watcher
+
+    asyncio.run(go())
+
+
+def test_concurrency_is_bounded_and_every_dispatch_is_answered(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    _produce(deployment, *(_dispatch(n) for n in range(4)))
+    CALLS.clear()
+    MOST[0] = 0
+    _serve(deployment, tmp_path / "journal", lambda _: len({r.request_id for r in _results(deployment)}) >= 4,
+           max_concurrency=2)
+    assert MOST[0] == 2  # two at a time: never more, and the bound was reached
+    assert sorted(r.request_id for r in _results(deployment)) == [f"rq-{n}" for n in range(4)]
+    journal = EffectJournal(tmp_path / "journal")
+    assert {e.state for e in journal.effects()} == {EffectState.DELIVERED}
+    journal.close()
+
+
+def test_a_redelivered_dispatch_is_not_run_again(deployment: Deployment, tmp_path: Path) -> None:
+    _produce(deployment, _dispatch(0))
+    CALLS.clear()
+    _serve(deployment, tmp_path / "journal", lambda _: len(_results(deployment)) >= 1)
+    assert CALLS == ["rq-0"]
+    # The same dispatch again (a processor re-dispatching, an outbox offset reset).
+    _produce(deployment, _dispatch(0))
+    _serve(deployment, tmp_path / "journal", lambda runtime: runtime.handled >= 1)
+    assert CALLS == ["rq-0"]  # journaled: taken, never run twice
+    assert [r.request_id for r in _results(deployment)] == ["rq-0"]
