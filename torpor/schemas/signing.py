@@ -71,8 +71,9 @@ either: the processor writes its loopback inputs (children, parents, completions
 inside the same Kafka transaction as the fold's decision that caused them. That trust
 rests on the topic's write ACL, not on the record: anyone who may produce to `inputs`
 can write ``source = "processor"``. Where untrusted principals can produce to `inputs`,
-add ``processor`` (and ``user:*``) to `required_sources` and have the processor sign its
-loopbacks with `sign` and a key of its own. A source that need not sign may still sign,
+give the processor a key of its own (`TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`):
+it then signs its loopbacks and completions, and ``processor`` joins `required_sources`
+(`torpor.processors.verify`). A source that need not sign may still sign,
 and is then judged in full (a bad signature is `forged`, never quietly `unsigned`).
 
 Evolution and replay. Verification re-encodes the decoded body. If a body's schema
