@@ -18,9 +18,11 @@ COMMANDS: Final[dict[str, str]] = {
     "broker": "torpor.cli.broker:broker",
     "connector": "torpor.cli.connector:connector",
     "demo": "torpor.cli.demo:demo",
+    "history": "torpor.cli.history:history",
     "keys": "torpor.cli.keys:keys",
     "local": "torpor.cli.local:local",
     "processor": "torpor.cli.processor:processor",
+    "replay": "torpor.cli.replay:replay",
 }
 
 
