@@ -13,7 +13,8 @@ Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=..
 - at start, recovers the journal: an effect that was running when the previous process
   died is `unknown`, and the tool's `reconcile(dispatch)` hook decides, before any
   retry, whether it happened (it answers then) or must run again; a finished but
-  undelivered answer is re-sent; delivered effects older than `retention_ms` are pruned;
+  undelivered answer is re-sent; delivered effects older than `retention_ms` are pruned (then
+  hourly);
 - produces the connector's inputs (`ToolResult`, `ToolEvent`, `TimerFired`,
   `ApprovalRequest`) to `inputs` with an idempotent producer, at the partition murmur2
   picks for the thread, signed with `signer` when there is one; a call's final answer
@@ -71,6 +72,8 @@ TAKE: Final = 100
 COMMIT_SECONDS: Final = 1.0
 # Deliver answers before stopping.
 FLUSH_SECONDS: Final = 10.0
+# How often settled effects older than the retention are forgotten (a scan of the journal).
+PRUNE_SECONDS: Final = 3600.0
 # Delivered effects are remembered this long: a dispatch redelivered within it never reruns.
 DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 FAULT_ENV: Final = "TORPOR_CONNECTOR_FAULT"
@@ -142,6 +145,7 @@ class ConnectorRuntime:
         self._fault = os.environ.get(FAULT_ENV) == AFTER_EFFECT
         self._uncommitted: dict[int, int] = {}
         self._last_commit = 0.0
+        self._last_prune = 0.0
         self.handled = 0
         self._settings = settings
         if signer is None:
@@ -205,6 +209,8 @@ class ConnectorRuntime:
                 self._producer.poll(0)
                 if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_SECONDS:
                     self._commit()
+                if time.monotonic() - self._last_prune >= PRUNE_SECONDS:
+                    self._prune()
                 await asyncio.sleep(0 if messages else POLL_SECONDS)  # the tools' tasks run here
         finally:
             # Running effects stay `dispatched` in the journal: the next start reconciles them.
@@ -236,9 +242,13 @@ class ConnectorRuntime:
     def _source(self) -> str:
         return str(getattr(self.connector, "source", "connector"))
 
+    def _prune(self) -> int:
+        self._last_prune = time.monotonic()
+        return self.journal.prune(self._clock() - self._retention_ms)
+
     def _recover(self) -> None:
         now = self._clock()
-        pruned = self.journal.prune(now - self._retention_ms)
+        pruned = self._prune()
         found = self.journal.recover(now)
         rerun = resent = reconciled = 0
         for effect in found:
