@@ -25,7 +25,9 @@ class RetainedLog:
         self._base: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
-    def append(self, topic: LogTopic[V], key: str | bytes, value: V, partition: int | None = None) -> LogRecord[V]:
+    def append(
+        self, topic: LogTopic[V], key: str | bytes, value: V, partition: int | None = None
+    ) -> LogRecord[V]:
         target = partition_of(topic, key) if partition is None else partition
         if not 0 <= target < topic.partitions:
             raise ValueError(f"topic {topic.name!r} has no partition {target}")
@@ -36,8 +38,9 @@ class RetainedLog:
             records.append(record)
         return record
 
-    def read(self, topic: LogTopic[V], partition: int, offset: int,
-             max_records: int | None = None) -> Sequence[LogRecord[V]]:
+    def read(
+        self, topic: LogTopic[V], partition: int, offset: int, max_records: int | None = None
+    ) -> Sequence[LogRecord[V]]:
         where = (topic.name, partition)
         with self._lock:
             base = self._base.get(where, 0)

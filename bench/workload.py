@@ -35,8 +35,9 @@ from torpor.schemas.records import (
 
 TOOL: Final = "run_command"
 ARGUMENTS: Final = json.dumps({"command": "cargo test --workspace"})
-CHUNK: Final = ("The workspace tests were re-run; here is what failed and which modules the failures touch. "
-                )[:94].ljust(94, ".")
+CHUNK: Final = (
+    "The workspace tests were re-run; here is what failed and which modules the failures touch. "
+)[:94].ljust(94, ".")
 CHUNKS: Final = (CHUNK,) * 12
 SUMMARY_LINE: Final = "test result: ok. 142 passed; 0 failed; 3 ignored; finished in 12.07s"
 TOOL_RESULT: Final = SUMMARY_LINE * 5
@@ -47,8 +48,12 @@ RUN_COMMAND_SPEC: Final = ToolSpec(
     name=TOOL,
     description="Run a shell command in the workspace and return its output.",
     parameters=json.dumps(
-        {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"],
-         "additionalProperties": False},
+        {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+            "additionalProperties": False,
+        },
         sort_keys=True,
     ),
     result_schema=None,
@@ -62,23 +67,38 @@ def agent_id(index: int) -> str:
 
 
 def user_text(turn: int, thread_id: str) -> str:
-    return (f"Turn {turn}: re-run the affected tests for {thread_id} and summarize any failures "
-            "along with the modules they belong to.")
+    return (
+        f"Turn {turn}: re-run the affected tests for {thread_id} and summarize any failures "
+        "along with the modules they belong to."
+    )
 
 
 def thread_config() -> ThreadConfig:
     return ThreadConfig(
-        model=MODEL, system_prompt="You are a build agent.", tools=(RUN_COMMAND_SPEC,),
+        model=MODEL,
+        system_prompt="You are a build agent.",
+        tools=(RUN_COMMAND_SPEC,),
         capability=Capability(tenant="bench", tools=(TOOL,), scopes=("bench",), expires_at=None),
         budgets=Budgets(max_turns=None, max_children=None, max_tool_retries=2, max_invalid_calls=3),
         # context_window 0: the fold never compacts (pending.py compares against window > 0).
-        parent=None, context_window=0, compaction_threshold=0.8, allow_implicit_create=False,
+        parent=None,
+        context_window=0,
+        compaction_threshold=0.8,
+        allow_implicit_create=False,
     )
 
 
 def make_input(thread_id: str, message_id: str, created_at: int, body: InputBody) -> Input:
-    return Input(message_id=message_id, thread_id=thread_id, created_at=created_at, source="user:bench",
-                 expires_at=None, key_id=None, signature=None, body=body)
+    return Input(
+        message_id=message_id,
+        thread_id=thread_id,
+        created_at=created_at,
+        source="user:bench",
+        expires_at=None,
+        key_id=None,
+        signature=None,
+        body=body,
+    )
 
 
 def create_input(thread_id: str, created_at: int) -> Input:

@@ -1,0 +1,365 @@
+"""`python -m bench.kafka`: the issue-7 workload through the real broker, then the raw limit.
+
+Contract. With a topic prefix of its own (`bench.<random>.`), starts one
+`torpor processor` (exactly-once, the scripted model driven by a script this module
+writes: twelve 94-character chunks, a `run_command` call unless the last entry is a
+tool result, usage zero) and one `torpor connector run bench.workload:BenchTool`. A
+producer sends the agents' inputs in waves; each turn waits until every input of the
+wave has its receipt (read_committed). After each wave it samples the processor's RSS
+(psutil on its pid; the processor collects its own garbage, this cannot force it) and
+the store directory. Then it reads every topic, counts the completions (exit 1 if they
+are not agents * turns * 2), sizes the processor's output records, and runs
+`bench.passthrough` on a copy of the inputs with outputs of the same counts and sizes,
+reporting Torpor's completions/s as a ratio of the pass-through's. Writes `kafka.csv`,
+`kafka-summary.csv` and `kafka-rss.png` into `--out`. `--bootstrap` defaults to
+`.torpor/BOOTSTRAP`; without either it starts `torpor broker start --dir
+.torpor/bench-broker`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Final
+
+from confluent_kafka import Consumer, Producer
+
+from bench import passthrough
+from bench.local import report, summarize
+from bench.measure import dir_bytes, plot_rss, rss_bytes, write_csv
+from bench.topics import create_topics, delete_topics, read_topic
+from bench.workload import (
+    ARGUMENTS,
+    CHUNKS,
+    SUMMARY_LINE,
+    TOOL,
+    agent_id,
+    create_input,
+    turn_input,
+)
+from torpor.processors.processor import ProcessorConfig
+from torpor.schemas.codec import decode_value, encode_value
+from torpor.schemas.records import Completion, Input
+from torpor.streams.admin import ensure_topics
+from torpor.streams.clients import make_admin
+from torpor.streams.config import KafkaSettings, Settings, TopicSettings
+from torpor.streams.deadline import Deadline
+from torpor.streams.topics import Topic, TopicNames
+
+REPO: Final = Path(__file__).resolve().parents[1]
+TORPOR: Final = str(Path(sys.executable).with_name("torpor"))
+OUTPUT_TOPICS: Final = (Topic.OUTBOX, Topic.EVENTS, Topic.RECEIPTS, Topic.CHANGELOG, Topic.PARKED)
+WAVE_COLUMNS: Final = (
+    "wave",
+    "agents",
+    "completions",
+    "wave_seconds",
+    "completions_per_s",
+    "rss_bytes",
+    "store_bytes",
+)
+SUMMARY_COLUMNS: Final = (
+    "mode",
+    "agents",
+    "turns",
+    "wave",
+    "partitions",
+    "completions",
+    "expected_completions",
+    "seconds",
+    "completions_per_s",
+    "rss_slope_kib_per_agent",
+    "idle_agents_in_8gb",
+    "store_bytes_per_agent",
+    "changelog_bytes_per_agent",
+    "passthrough_seconds",
+    "passthrough_completions_per_s",
+    "ratio_to_passthrough",
+)
+TURN_TIMEOUT_S: Final = 600.0
+
+
+def script(turns: int) -> str:
+    """The scenario file whose [[model]] rules make the processor's scripted model the workload's."""
+    chunks = ", ".join(f'"{c}"' for c in CHUNKS)
+    answer = f"{{ chunks = [{chunks}], usage = [0, 0, 0] }}"
+    call = (
+        f'{{ chunks = [{chunks}], usage = [0, 0, 0], calls = [{{ name = "{TOOL}", '
+        f'arguments = {{ command = "cargo test --workspace" }} }}] }}'
+    )
+    assert '"cargo test --workspace"' in ARGUMENTS
+    # Each (rule, thread) walks its turns in order: one entry per turn of the run.
+    return (
+        f'[thread]\nid = "unused"\n\n[[model]]\nlast_contains = "{SUMMARY_LINE[:40]}"\n'
+        f"turns = [{', '.join([answer] * turns)}]\n\n[[model]]\nturns = [{', '.join([call] * turns)}]\n"
+    )
+
+
+def start_broker() -> str:
+    done = subprocess.run(
+        [TORPOR, "broker", "start", "--dir", ".torpor/bench-broker"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def default_bootstrap() -> str:
+    found = REPO / ".torpor" / "BOOTSTRAP"
+    return found.read_text().strip() if found.exists() else start_broker()
+
+
+class Receipts:
+    """Counts committed receipts (no decoding: the driver must not compete with the processor)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._consumer.subscribe([topic])
+        self.count = 0
+
+    def wait_for(self, target: int, processor: subprocess.Popen[bytes], log: Path) -> None:
+        deadline = time.monotonic() + TURN_TIMEOUT_S
+        while self.count < target:
+            if processor.poll() is not None:
+                raise RuntimeError(
+                    f"the processor exited ({processor.returncode}):\n{log.read_text()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.count} of {target} receipts after {TURN_TIMEOUT_S}s")
+            self.count += sum(1 for m in self._consumer.consume(5000, timeout=0.05) if m.error() is None)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def run(
+    bootstrap: str, agents: int, turns: int, wave: int, partitions: int, work: Path, keep_topics: bool
+) -> tuple[list[dict[str, object]], dict[str, object]]:
+    prefix = f"bench.{uuid.uuid4().hex[:10]}."
+    settings = Settings(
+        kafka=KafkaSettings(bootstrap_servers=bootstrap),
+        topics=TopicSettings(prefix=prefix, partitions=partitions),
+    )
+    names = TopicNames.for_prefix(prefix)
+    admin = make_admin(settings)
+    ensure_topics(admin, settings, Deadline.after(60))
+    pt_topics = [f"{prefix}pt.{t}" for t in (Topic.INPUTS, *OUTPUT_TOPICS)]
+    (work / "script.toml").write_text(script(turns))
+    env = {
+        **os.environ,
+        "TORPOR_BOOTSTRAP": bootstrap,
+        "TORPOR_TOPIC_PREFIX": prefix,
+        "TORPOR_PARTITIONS": str(partitions),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    }
+    store_dir = work / "stores"
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(args: list[str], name: str) -> subprocess.Popen[bytes]:
+        with open(work / f"{name}.log", "wb") as log:
+            process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        processes.append(process)
+        return process
+
+    rows: list[dict[str, object]] = []
+    try:
+        processor = start(
+            [
+                TORPOR,
+                "processor",
+                "--instance",
+                "bench",
+                "--app",
+                f"app-{prefix}",
+                "--store-dir",
+                str(store_dir),
+                "--script",
+                str(work / "script.toml"),
+                "--log-level",
+                "warning",
+            ],
+            "processor",
+        )
+        start(
+            [
+                TORPOR,
+                "connector",
+                "run",
+                "bench.workload:BenchTool",
+                "--group",
+                f"conn-{prefix}",
+                "--journal-dir",
+                str(work / "journal"),
+                "--log-level",
+                "warning",
+            ],
+            "connector",
+        )
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "partitioner": "murmur2_random",
+                "linger.ms": 5,
+                "enable.idempotence": True,
+            }
+        )
+        receipts = Receipts(bootstrap, names.of(Topic.RECEIPTS))
+        expected = 0
+
+        def send(records: list[Input]) -> None:
+            for record in records:
+                producer.produce(
+                    names.of(Topic.INPUTS), key=record.thread_id.encode(), value=encode_value(record)
+                )
+                producer.poll(0)
+            producer.flush(60)
+
+        started = time.perf_counter()
+        for first in range(0, agents, wave):
+            ids = [agent_id(i) for i in range(first, min(agents, first + wave))]
+            wave_started = time.perf_counter()
+            now = int(time.time() * 1000)
+            send([create_input(t, now) for t in ids])
+            expected += len(ids)
+            for turn in range(1, turns + 1):
+                send([turn_input(t, turn, int(time.time() * 1000)) for t in ids])
+                expected += 4 * len(ids)  # user text, completion, tool result, completion
+                receipts.wait_for(expected, processor, work / "processor.log")
+            seconds = time.perf_counter() - wave_started
+            done = 2 * turns * len(ids)  # checked against the topic below
+            rows.append(
+                {
+                    "wave": len(rows),
+                    "agents": first + len(ids),
+                    "completions": done,
+                    "wave_seconds": round(seconds, 3),
+                    "completions_per_s": round(done / seconds, 1),
+                    "rss_bytes": rss_bytes(processor.pid),
+                    "store_bytes": dir_bytes(store_dir),
+                }
+            )
+            print(
+                f"wave {len(rows) - 1}: {first + len(ids)} agents in {seconds:.2f}s ({done / seconds:,.0f}"
+                f" completions/s), processor rss {rows[-1]['rss_bytes'] / 2**20:.1f} MiB",
+                flush=True,
+            )
+        seconds = time.perf_counter() - started
+        receipts.close()
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.wait(timeout=120)
+
+        inputs = read_topic(bootstrap, names.of(Topic.INPUTS))
+        completions = 0
+        for _, _, value in inputs:
+            body = decode_value(value, Input).body
+            completions += isinstance(body, Completion) and body.error is None
+        summary = summarize("kafka", agents, turns, wave, completions, seconds, rows)
+        outputs: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        changelog_bytes = 0
+        for topic in OUTPUT_TOPICS:
+            for _, key, value in read_topic(bootstrap, names.of(topic)):
+                outputs[f"{prefix}pt.{topic}"].append((len(key), len(value)))
+                if topic is Topic.CHANGELOG:
+                    changelog_bytes += len(key) + len(value)
+
+        create_topics(admin, pt_topics, partitions)
+        for partition, key, value in inputs:
+            producer.produce(pt_topics[0], key=key, value=value, partition=partition)
+            producer.poll(0)
+        producer.flush(120)
+        config = ProcessorConfig(instance="unused", store_dir=work)
+        pt_seconds = passthrough.run(
+            settings,
+            pt_topics[0],
+            passthrough.apportion(outputs, len(inputs)),
+            commit_interval=config.commit_interval,
+            commit_every=config.commit_every,
+        )
+        pt_rate = completions / pt_seconds if pt_seconds else 0.0
+        rate = float(summary["completions_per_s"])  # type: ignore[arg-type]
+        summary.update(
+            {
+                "partitions": partitions,
+                "changelog_bytes_per_agent": round(changelog_bytes / agents, 1),
+                "passthrough_seconds": round(pt_seconds, 3),
+                "passthrough_completions_per_s": round(pt_rate, 1),
+                "ratio_to_passthrough": round(rate / pt_rate, 3) if pt_rate else "",
+            }
+        )
+        return rows, summary
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+        if not keep_topics:
+            delete_topics(admin, [*names.all(), *pt_topics])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--bootstrap", default=None, help="Default: .torpor/BOOTSTRAP, or a broker it starts."
+    )
+    parser.add_argument("--agents", type=int, default=10_000)
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--wave", type=int, default=500)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--keep", action="store_true", help="Keep the topics and the work directory.")
+    args = parser.parse_args(argv)
+    if min(args.agents, args.turns, args.wave, args.partitions) < 1:
+        parser.error("--agents, --turns, --wave and --partitions must be at least 1")
+    bootstrap = args.bootstrap or default_bootstrap()
+    work = Path(tempfile.mkdtemp(prefix="torpor-bench-kafka-"))
+    try:
+        rows, summary = run(bootstrap, args.agents, args.turns, args.wave, args.partitions, work, args.keep)
+    finally:
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    write_csv(args.out / "kafka.csv", WAVE_COLUMNS, rows)
+    write_csv(args.out / "kafka-summary.csv", SUMMARY_COLUMNS, [summary])
+    plot_rss(
+        args.out / "kafka-rss.png",
+        [int(r["agents"]) for r in rows],  # type: ignore[call-overload]
+        [int(r["rss_bytes"]) for r in rows],
+        "Kafka mode: processor RSS after each wave",
+    )  # type: ignore[call-overload]
+    report(summary)
+    print(f"  changelog bytes per agent: {summary['changelog_bytes_per_agent']}")
+    print(
+        f"  pass-through: {summary['passthrough_completions_per_s']} completions/s "
+        f"in {summary['passthrough_seconds']}s; Torpor/pass-through = {summary['ratio_to_passthrough']}"
+    )
+    if summary["completions"] != summary["expected_completions"]:
+        print("error: completions counted differ from agents * turns * 2", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
