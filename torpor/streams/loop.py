@@ -69,6 +69,7 @@ from torpor.schemas.errors import (
     RetriableError,
     TorporError,
 )
+from torpor.streams import faults
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import translate
 from torpor.streams.lifecycle import PartitionLifecycle, PartitionState
@@ -236,6 +237,7 @@ class CheckpointLoop:
 
     def begin(self) -> _Checkpoint:
         """Phase 1: open a transaction for the next checkpoint."""
+        faults.point("before_begin")
         try:
             self._producer.begin_transaction()
         except KafkaException as exc:
@@ -253,6 +255,7 @@ class CheckpointLoop:
         changelog = self._settings.changelog_topic
         for key, value in output.changes:
             self._produce(checkpoint, OutputRecord(changelog, key, value, partition=partition))
+        faults.point("mid_transaction")
         checkpoint.records += len(records)
         checkpoint.next_offsets[partition] = records[-1].offset + 1
 
@@ -315,6 +318,7 @@ class CheckpointLoop:
             self._abort(checkpoint, error)
             return False
         self._checkpoint = None
+        faults.point("after_commit_before_store")
         self._apply(checkpoint)  # phase 5
         self.commits += 1
         return True
@@ -333,6 +337,7 @@ class CheckpointLoop:
         self._bounded("send_offsets_to_transaction",
                       lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
                       deadline)
+        faults.point("before_commit")
         self._bounded("commit_transaction", self._producer.commit_transaction, deadline)
 
     def _flush(self, deadline: Deadline) -> None:
@@ -353,6 +358,7 @@ class CheckpointLoop:
             owned.task.commit(StoredOffsets(changelog_offset, offset))
             owned.committed = offset
             owned.changelog_offset = changelog_offset
+            faults.point("mid_store_write")
 
     def _abort(self, checkpoint: _Checkpoint, error: TorporError) -> None:
         """Abort the transaction, drop the overlays, seek back to the committed offsets."""
@@ -444,6 +450,7 @@ class CheckpointLoop:
         revoked = [tp.partition for tp in partitions if tp.partition in self._owned]
         for partition in revoked:
             self._owned[partition].lifecycle.transition_to(PartitionState.REVOKING)
+        faults.point("on_revoke")
         # With cooperative-sticky, librdkafka can run this callback while the group's
         # generation moves on, and the commit then fails with ILLEGAL_GENERATION
         # (confluentinc/librdkafka#4059; seen in tests/streams/test_loop.py). That is an

@@ -40,6 +40,7 @@ from typing import Final, Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from torpor.schemas.errors import RetriableError, StoreCorruptedError, TorporError
+from torpor.streams import faults
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import translate
 from torpor.streams.task import Change, StoredOffsets
@@ -160,6 +161,7 @@ class _Progress:
         if self.pending:
             self.target.restore(self.pending, self.offsets)
             self.pending = []
+            faults.point("during_restore")
 
 
 def restore_partitions(
