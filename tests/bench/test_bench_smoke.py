@@ -1,0 +1,84 @@
+"""The benchmarks keep working: a tiny configuration of each, run as a user would run it.
+
+Nothing here asserts a timing (the figures are for bench/README.md, not for CI). What
+is checked: the command exits 0, its CSVs have the documented columns, every
+completion of the workload was counted (agents * turns * 2), and the figures are sane
+(positive rates, a resident memory that was sampled, bytes on disk).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from bench import kafka, local
+from bench.passthrough import apportion
+
+REPO: Final = Path(__file__).resolve().parents[2]
+AGENTS: Final = 20
+TURNS: Final = 2
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _run(module: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", module, "--agents", str(AGENTS), "--turns", str(TURNS), "--wave", "10",
+            "--out", str(out), *extra]
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _check_summary(summary: dict[str, str], columns: tuple[str, ...]) -> None:
+    assert tuple(summary) == columns
+    assert int(summary["completions"]) == AGENTS * TURNS * 2 == int(summary["expected_completions"])
+    assert float(summary["completions_per_s"]) > 0
+    assert float(summary["store_bytes_per_agent"]) > 0
+    assert summary["rss_slope_kib_per_agent"] != ""  # two waves: a slope exists
+
+
+def _check_waves(rows: list[dict[str, str]], columns: tuple[str, ...]) -> None:
+    assert tuple(rows[0]) == columns
+    assert [int(r["agents"]) for r in rows] == [10, 20]
+    assert sum(int(r["completions"]) for r in rows) == AGENTS * TURNS * 2
+    assert all(int(r["rss_bytes"]) > 10 * 2**20 for r in rows)  # a Python process is never below 10 MiB
+    assert int(rows[-1]["store_bytes"]) >= int(rows[0]["store_bytes"]) > 0
+
+
+def test_local_benchmark_runs_the_workload_and_writes_its_csvs(tmp_path: Path) -> None:
+    done = _run("bench.local", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_waves(_rows(tmp_path / "local.csv"), local.WAVE_COLUMNS)
+    _check_summary(_rows(tmp_path / "local-summary.csv")[0], local.SUMMARY_COLUMNS)
+    assert (tmp_path / "local-rss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "completions/s" in done.stdout
+
+
+@pytest.mark.kafka
+def test_kafka_benchmark_runs_the_workload_and_the_passthrough(kafka_bootstrap: str, tmp_path: Path) -> None:
+    done = _run("bench.kafka", tmp_path, "--bootstrap", kafka_bootstrap, "--partitions", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_waves(_rows(tmp_path / "kafka.csv"), kafka.WAVE_COLUMNS)
+    summary = _rows(tmp_path / "kafka-summary.csv")[0]
+    _check_summary(summary, kafka.SUMMARY_COLUMNS)
+    assert float(summary["changelog_bytes_per_agent"]) > 0
+    assert float(summary["passthrough_completions_per_s"]) > 0
+    assert float(summary["ratio_to_passthrough"]) > 0
+    assert (tmp_path / "kafka-rss.png").exists()
+
+
+def test_apportion_hands_out_every_output_once_and_evenly() -> None:
+    outputs = {"a": [(1, 10)] * 7, "b": [(2, 20)] * 3}
+    shares = apportion(outputs, 4)
+    assert len(shares) == 4
+    flat = [o for share in shares for o in share]
+    assert sorted(flat) == sorted([("a", 1, 10)] * 7 + [("b", 2, 20)] * 3)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
