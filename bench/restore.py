@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Final
 
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import MemoryStore, RocksStore, StoreOffsets
