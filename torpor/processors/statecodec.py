@@ -18,8 +18,12 @@ state is a private row of the processor, not a wire contract. History rows are w
 records, so they use the schemas codec (`encode_value`: Avro single-object encoding,
 deterministic for a schema and value, and readable after the schema evolves).
 
-Plans are computed once per class (`functools.cache`). An unsupported field type
-raises `TypeError` on first use: a bug in the record definitions, not bad input.
+Plans are computed once per class (`functools.cache`). Decoded states and history
+entries are memoised by their bytes in bounded LRU maps (`_Recent`): the model stage
+re-reads a thread's whole history for every completion and the step re-reads the state
+it wrote one checkpoint earlier, and every decoded value is a frozen dataclass, so
+sharing one between callers is safe. The bound keeps the memory constant, not per agent.
+An unsupported field type raises `TypeError` on first use: a bug in the record definitions, not bad input.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import functools
 import json
 import types
 import typing
+from collections import OrderedDict
 from collections.abc import Callable
 from enum import Enum
 from typing import Final, TypeVar
@@ -37,7 +42,7 @@ from typing import Final, TypeVar
 from torpor.processors.effects import RequestCompletion
 from torpor.processors.state import ThreadState
 from torpor.schemas.codec import decode_value, encode_value
-from torpor.schemas.records import HistoryEntry, Input
+from torpor.schemas.records import HistoryEntry, Input, ThreadConfig
 
 T = TypeVar("T")
 Json = object
@@ -94,6 +99,8 @@ def _converter(tp: object, where: str) -> tuple[_Convert, _Convert]:
         )
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         cls = tp
+        if cls is ThreadConfig:
+            return _shared_record_to, (lambda d: _record_from(cls, d))
         return (lambda v: _record_to(v)), (lambda d: _record_from(cls, d))
     raise TypeError(f"{where}: no canonical encoding for {tp!r}")
 
@@ -126,6 +133,25 @@ def _record_to(value: object) -> dict[str, object]:
     return {name: to(getattr(value, name)) for name, to, _ in _fields(cls)}
 
 
+# A thread's config is the bulk of its state and is carried from state to state as the
+# same object (`dataclasses.replace` keeps it); its JSON form is remembered by identity.
+# The entry holds the value itself, so its id cannot be reused while it is cached.
+_SHARED_CAPACITY: Final = 1024
+_shared: OrderedDict[int, tuple[object, dict[str, object]]] = OrderedDict()
+
+
+def _shared_record_to(value: object) -> dict[str, object]:
+    hit = _shared.get(id(value))
+    if hit is not None and hit[0] is value:
+        _shared.move_to_end(id(value))
+        return hit[1]
+    encoded = _record_to(value)
+    _shared[id(value)] = (value, encoded)
+    if len(_shared) > _SHARED_CAPACITY:
+        _shared.popitem(last=False)
+    return encoded
+
+
 def _record_from(cls: type, datum: object) -> object:
     raw = typing.cast(dict[str, object], datum)
     return cls(**{name: frm(raw[name]) for name, _, frm in _fields(cls)})
@@ -141,11 +167,39 @@ def decode(cls: type[T], raw: bytes) -> T:
     return typing.cast(T, _record_from(cls, json.loads(raw)))
 
 
+class _Recent(typing.Generic[T]):
+    """A bounded map from row bytes to the value they decode to, least recently used evicted."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._values: OrderedDict[bytes, T] = OrderedDict()
+
+    def get(self, raw: bytes, decoder: Callable[[bytes], T]) -> T:
+        found = self._values.get(raw)
+        if found is not None:
+            self._values.move_to_end(raw)
+            return found
+        value = decoder(raw)
+        self._values[raw] = value
+        if len(self._values) > self._capacity:
+            self._values.popitem(last=False)
+        return value
+
+
+# A few hundred threads' working set; a miss costs only the decode it would have done.
+_STATES: Final[_Recent[ThreadState]] = _Recent(1024)
+_ENTRIES: Final[_Recent[HistoryEntry]] = _Recent(4096)
+
+
 def encode_state(state: ThreadState) -> bytes:
     return encode(state)
 
 
 def decode_state(raw: bytes) -> ThreadState:
+    return _STATES.get(bytes(raw), _decode_state)
+
+
+def _decode_state(raw: bytes) -> ThreadState:
     return decode(ThreadState, raw)
 
 
@@ -155,6 +209,10 @@ def encode_entry(entry: HistoryEntry) -> bytes:
 
 
 def decode_entry(raw: bytes) -> HistoryEntry:
+    return _ENTRIES.get(bytes(raw), _decode_entry)
+
+
+def _decode_entry(raw: bytes) -> HistoryEntry:
     return decode_value(raw, HistoryEntry)
 
 
