@@ -10,6 +10,7 @@ answer per turn. A replay of the log then matches the changelog.
 
 from __future__ import annotations
 
+import re
 import signal
 import uuid
 from collections.abc import Iterator
@@ -133,6 +134,8 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
     taken = six.log("p1")
     restored = taken.count("partition restored")
     assert restored >= SIX, taken[-3000:]  # its own three at start, then p0's three
+    # p0 folded its threads before it died: what p1 took over came from the changelog.
+    assert re.search(r"restored \([1-9]\d* changelog records", taken), taken[-3000:]
     assert (six.root / "stores-p1").is_dir()
     replay = six.run([TORPOR, "replay", "--no-progress"])
     assert replay.returncode == 0, replay.stdout + replay.stderr
