@@ -9,6 +9,7 @@ and travel back to an earlier offset of a thread's partition.
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 import signal
@@ -95,13 +96,17 @@ def _counts(deployment: Deployment) -> dict[str, int]:
 def test_replay_matches_the_live_store_and_the_changelog_and_produces_nothing(folded: Folded) -> None:
     deployment = folded.deployment
     before = _counts(deployment)
-    for where in (["--store-dir", str(folded.store_dir)], []):
-        result = deployment.run([TORPOR, "replay", "--no-progress", *where])
+    for where in (["--no-progress", "--store-dir", str(folded.store_dir)], []):
+        result = deployment.run([TORPOR, "replay", *where])
         assert result.returncode == 0, result.stdout + result.stderr
         lines = result.stdout.splitlines()
         assert sorted(line.split()[0] for line in lines) == sorted([folded.talker, folded.greeter])
         assert all(line.endswith("  ok") for line in lines), lines
         assert "2 threads, 0 differ" in result.stderr
+    assert "records/s" in result.stderr.split("replayed")[0]  # the progress line, before the summary
+    one = deployment.run([TORPOR, "replay", "--no-progress", "--thread", folded.greeter])
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert [line.split()[0] for line in one.stdout.splitlines()] == [folded.greeter]
     assert _counts(deployment) == before  # nothing produced: the log already holds every output
 
 
@@ -179,3 +184,11 @@ def test_time_travel_to_an_earlier_offset_shows_the_history_as_it_stood(folded: 
     at = json.loads(deployment.run([TORPOR, "replay", "--thread", folded.talker, "--at", str(again.offset),
                                     "--json", "--no-progress"]).stdout)["entries"]
     assert at[-1]["kind"] == "user" and len(at) == len(earlier) + 1
+    # The same cut by offset, and by the record time just before the second message.
+    partition = partition_for(folded.talker.encode(), PARTITIONS)
+    until = datetime.datetime.fromtimestamp((again.timestamp_ms - 1) / 1000, datetime.UTC).isoformat()
+    for cut in (["--until-offset", f"{partition}:{again.offset - 1}"], ["--until-time", until]):
+        result = deployment.run([TORPOR, "replay", "--json", "--no-progress", *cut])
+        assert result.returncode == 0, result.stderr
+        heads = json.loads(result.stdout)["threads"]
+        assert heads[folded.talker]["history_len"] == len(earlier), (cut, heads)
