@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests.processors.test_processor import (
@@ -90,7 +90,14 @@ def folded(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def _counts(deployment: Deployment) -> dict[str, int]:
-    return {suffix: len(deployment.records(suffix)) for suffix in ("inputs", "outbox", "events", "receipts")}
+    """The end offset of every partition of the topics a replay must not write to."""
+    consumer = Consumer({"bootstrap.servers": deployment.bootstrap, "group.id": f"t-{uuid.uuid4().hex}"})
+    try:
+        return {f"{suffix}[{p}]": consumer.get_watermark_offsets(
+                    TopicPartition(deployment.topic(suffix), p), timeout=10, cached=False)[1]
+                for suffix in ("inputs", "outbox", "events", "receipts", "parked") for p in range(PARTITIONS)}
+    finally:
+        consumer.close()
 
 
 def test_replay_matches_the_live_store_and_the_changelog_and_produces_nothing(folded: Folded) -> None:
@@ -142,16 +149,13 @@ def _history(folded: Folded, thread_id: str, *where: str) -> dict[str, object]:
 
 
 def test_history_from_the_store_equals_history_from_the_changelog(folded: Folded) -> None:
-    for thread_id in (folded.talker, folded.greeter):
-        from_store = _history(folded, thread_id, "--store-dir", str(folded.store_dir))
-        from_changelog = _history(folded, thread_id, "--from-changelog")
-        assert from_store == from_changelog
-        entries = from_store["entries"]
-        assert isinstance(entries, list)
-        assert len(entries) == from_store["history_len"]
-        assert entries[-1]["head"] == from_store["head"] == from_store["chained"]
-    talker = _history(folded, folded.talker, "--from-changelog")["entries"]
+    from_store = _history(folded, folded.talker, "--store-dir", str(folded.store_dir))
+    from_changelog = _history(folded, folded.talker, "--from-changelog")
+    assert from_store == from_changelog
+    talker = from_store["entries"]
     assert isinstance(talker, list)
+    assert len(talker) == from_store["history_len"]
+    assert talker[-1]["head"] == from_store["head"] == from_store["chained"]
     kinds = [e["kind"] for e in talker]
     assert kinds == ["user", "assistant", "tool_result", "assistant", "user", "assistant"]
     assert talker[-1]["content"] == "Hello to you."
