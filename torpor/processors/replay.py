@@ -16,9 +16,10 @@ Contract.
 - `restore_scratch(consumer, changelog, deadline)` reads the compacted changelog
   (read_committed, with `torpor.streams.restore`, the processor's restore code) into a
   `MemoryStore` per partition: the live state without opening the processor's RocksDB.
-- `thread_heads(store)` lists every thread of a store with its head as its state row
-  records it and as the chain over its stored history entries recomputes it;
-  `compare(replayed, live)` reports every thread whose heads differ anywhere.
+- `thread_heads(stores)` lists every thread of the stores with its head as its state row
+  records it, as the chain over its stored history entries recomputes it, and a digest
+  of all its rows; `compare(replayed, live)` reports every thread that differs: missing
+  on one side, live rows that do not chain, another head, or (same head) other rows.
 - `history_rows(store, thread_id)`: one `HistoryRow` per entry (seq, kind, short
   content, the chain head after it), for `torpor history`.
 
@@ -27,6 +28,7 @@ Nothing here decides anything: the fold decides, this module only feeds it the l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -290,6 +292,9 @@ class ThreadHead:
     head: str
     entries: int
     chained: str
+    # sha256 over every row of the thread (state, history, seen ids, summary pointer), key
+    # and value: a replay reproduces all of them byte for byte, not just the chain.
+    rows: str = ""
 
     @property
     def consistent(self) -> bool:
@@ -317,7 +322,11 @@ def thread_head(store: Store, thread_id: str) -> ThreadHead | None:
     for entry in read_entries(store, thread_id):
         chained = advance(chained, entry)
         count += 1
-    return ThreadHead(thread_id, str(state.status), state.history_len, state.head, count, chained)
+    digest = hashlib.sha256()
+    for key, value in store.iterate(keys.thread_prefix(thread_id)):
+        digest.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
+    return ThreadHead(thread_id, str(state.status), state.history_len, state.head, count, chained,
+                      digest.hexdigest())
 
 
 def thread_heads(stores: Mapping[int, Store], only: str | None = None) -> dict[str, ThreadHead]:
@@ -356,6 +365,9 @@ def compare(replayed: Mapping[str, ThreadHead], live: Mapping[str, ThreadHead]) 
             found.append(Mismatch(thread_id, f"heads differ: replay {mine.history_len} entries, "
                                   f"{mine.head[:12]}; live {theirs.history_len} entries, {theirs.head[:12]}",
                                   mine, theirs))
+        elif mine.rows != theirs.rows:
+            found.append(Mismatch(thread_id, "same head, but the thread's rows differ (its state, seen "
+                                  "message ids or summary pointer)", mine, theirs))
     return found
 
 
