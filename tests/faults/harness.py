@@ -68,6 +68,7 @@ from torpor.schemas.records import (
 )
 from torpor.streams import faults
 from torpor.streams.admin import ensure_topics
+from torpor.streams.broker import broker_status
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
 from torpor.streams.restore import CHECKPOINT_KEY
@@ -160,6 +161,15 @@ class SoakReport:
         return "\n".join(lines)
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # Not our child: once it exits it may linger as a zombie until init reaps it.
+    return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+
+
 def _text(path: Path) -> str:
     return path.read_text(errors="replace")
 
@@ -247,6 +257,7 @@ class Soak:
         self._events: Consumer | None = None
         self._producer: Producer | None = None
         self._logs = 0
+        self._restarted: subprocess.Popen[bytes] | None = None
 
     # --- processes ------------------------------------------------------------------
 
@@ -264,15 +275,6 @@ class Soak:
         if done.returncode != 0:
             raise RuntimeError(f"torpor broker {action} failed: {done.stderr[-2000:]}")
         return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-
-    def _start_again(self) -> bool:
-        try:
-            self.broker("start")
-        except RuntimeError as error:
-            if "is taken" in str(error):
-                return False
-            raise
-        return True
 
     def start(self, args: list[str], name: str,
               fault: str | None = None) -> tuple[subprocess.Popen[bytes], Path]:
@@ -383,16 +385,39 @@ class Soak:
                                     f"without the fault; log {log}: {text[-1500:]}")
 
     def restart_broker(self, processor: subprocess.Popen[bytes]) -> None:
+        """Stop the broker and start it again on the same data dir and port, its data kept.
+
+        `torpor broker start` formats a fresh log at every start (streams/broker.py), which
+        would lose every topic, so the broker's own command line is run again instead.
+        """
         before = self.drive()
-        self.broker("stop")
-        # The old broker's listening socket can linger for a moment after its exit.
-        wait_until(self._start_again, timeout=90, message=f"the broker restarts on port {self.port}")
-        if self._producer is not None:
-            self._producer.flush(60)
-        alive = processor.poll() is None
-        self.report.broker_restart = (f"stopped and restarted on port {self.port}; the processor "
-                                      f"{'kept running' if alive else f'exited {processor.returncode}'}"
+        state = broker_status(self.config.broker_dir)
+        if state is None:
+            raise RuntimeError(f"no broker runs from {self.config.broker_dir}")
+        argv = Path(f"/proc/{state.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        os.kill(state.pid, signal.SIGTERM)
+        wait_until(lambda: not _running(state.pid), timeout=60, message="the broker stops")
+        with open(self.config.broker_dir / "restarted.log", "ab") as log:
+            self._restarted = subprocess.Popen([a.decode() for a in argv], cwd=self.config.broker_dir,
+                                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 2})
+        wait_until(lambda: f"{self.prefix}inputs" in admin.list_topics(timeout=5).topics, timeout=90,
+                   message=f"the restarted broker answers on port {self.port} with the topics kept")
+        fate = "kept running" if processor.poll() is None else f"exited {processor.returncode}"
+        self.report.broker_restart = (f"stopped (SIGTERM) and restarted on port {self.port}, data kept; "
+                                      f"the processor {fate}"
                                       f"; {before} threads had ended before it")
+
+    def stop_broker(self) -> None:
+        if self._restarted is not None:
+            self._restarted.terminate()
+            try:
+                self._restarted.wait(60)
+            except subprocess.TimeoutExpired:
+                self._restarted.kill()
+        else:
+            self.broker("stop")
 
     def zombie(self) -> None:
         _, log1 = self.processor("p1")
@@ -540,7 +565,7 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
         soak.report.seconds = time.monotonic() - began
         if soak.bootstrap:
             try:
-                soak.broker("stop")
+                soak.stop_broker()
             except RuntimeError as error:
                 say(f"broker stop: {error}")
     return soak.report
