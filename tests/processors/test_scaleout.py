@@ -1,6 +1,7 @@
 """Scale-out: two processor instances in one group split six partitions; one is killed -9.
 
-The survivor takes the dead instance's partitions over (after the session timeout of
+The second instance joins while the first is folding (a cooperative revoke mid-stream),
+then the first is killed. The survivor takes the dead instance's partitions over (after the session timeout of
 its static membership, shortened here to 6 s through `[kafka.librdkafka]`), restores
 their stores from the changelog into its own store directory, re-issues the model calls
 that were in flight, and every conversation completes exactly once: one decisive
@@ -42,6 +43,20 @@ THREADS_PER_PARTITION: Final = 2
 # The broker's group.min.session.timeout.ms is 6 s by default: the least a static member
 # may ask for, and what bounds how long a dead instance keeps its partitions.
 CONFIG: Final = '[kafka.librdkafka]\n"session.timeout.ms" = 6000\n"heartbeat.interval.ms" = 1000\n'
+# Each model turn takes 1.5 s, so conversations are still running when p1 joins and when
+# p0 dies (the rules of test_processor's script answer at once).
+SCRIPT: Final = """\
+[thread]
+id = "unused"
+
+[[model]]
+last_contains = "echo: ping"
+turns = [{ text = "The echo said ping.", delay_s = 1.5 }]
+
+[[model]]
+last_contains = "ping"
+turns = [{ text = "Pinging.", delay_s = 1.5, calls = [{ name = "echo", arguments = { text = "ping" } }] }]
+"""
 
 
 @dataclass
@@ -49,6 +64,13 @@ class SixPartitions(Deployment):
     @property
     def env(self) -> dict[str, str]:
         return {**super().env, "TORPOR_PARTITIONS": str(SIX)}
+
+    def slow_processor(self, instance: str) -> list[str]:
+        script, config = self.root / "slow.toml", self.root / "torpor.toml"
+        script.write_text(SCRIPT)
+        config.write_text(CONFIG)
+        return [TORPOR, "processor", "--instance", instance, "--app", f"app-{self.prefix}", "--store-dir",
+                str(self.root / f"stores-{instance}"), "--script", str(script), "--config", str(config)]
 
 
 @pytest.fixture
@@ -86,12 +108,20 @@ def _threads() -> list[str]:
 def test_a_killed_instances_partitions_move_and_every_conversation_completes_once(
     six: SixPartitions, admin: AdminClient
 ) -> None:
-    config = six.root / "torpor.toml"
-    config.write_text(CONFIG)
     group, inputs = f"app-{six.prefix}", six.topic("inputs")
     echo = six.start([TORPOR, "connector", "run-echo", "--group", f"echo-{six.prefix}"], "echo")
-    first = six.start(six.processor_args("p0", "--config", str(config)), "p0")
-    second = six.start(six.processor_args("p1", "--config", str(config)), "p1")
+    first = six.start(six.slow_processor("p0"), "p0")
+    wait_until(lambda: _assignment(admin, group, inputs).get("p0") == set(range(SIX)), timeout=60,
+               message=f"p0 owns every partition: {six.log('p0')[-2000:]}")
+    threads = _threads()
+    for thread_id in threads:
+        six.send(*_conversation(thread_id, "please ping slowly"))
+    receipts = Tail(six.bootstrap, six.topic("receipts"))
+    wait_until(lambda: receipts.count() >= len(threads), timeout=60, message="p0 has begun folding")
+    # p1 joins mid-stream: p0 commits or aborts its open checkpoint on the cooperative
+    # revoke (librdkafka#4059 can make that an ILLEGAL_GENERATION abort) and cancels the
+    # model calls of the partitions that move; p1 restores them and re-issues the calls.
+    second = six.start(six.slow_processor("p1"), "p1")
 
     def split() -> dict[str, set[int]] | None:
         owned = _assignment(admin, group, inputs)
@@ -101,12 +131,7 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
     owned = wait_until(split, timeout=60, message=f"p0 and p1 own three partitions each: "
                        f"{six.log('p0')[-2000:]}\n{six.log('p1')[-2000:]}")
     assert owned["p0"] | owned["p1"] == set(range(SIX))
-
-    threads = _threads()
-    for thread_id in threads:
-        six.send(*_conversation(thread_id, "please ping slowly"))
-    receipts = Tail(six.bootstrap, six.topic("receipts"))
-    # Created and asked: every thread now has a two-second model call in flight, on both.
+    # Every thread has been created and asked: model calls are in flight on both.
     wait_until(lambda: receipts.count() >= 2 * len(threads), timeout=60,
                message="the creations and texts folded on both instances")
     first.send_signal(signal.SIGKILL)
@@ -133,10 +158,12 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
     _assert_exactly_once(six)
     taken = six.log("p1")
     restored = taken.count("partition restored")
-    assert restored >= SIX, taken[-3000:]  # its own three at start, then p0's three
-    # p0 folded its threads before it died: what p1 took over came from the changelog.
-    assert re.search(r"restored \([1-9]\d* changelog records", taken), taken[-3000:]
+    assert restored >= SIX, taken[-3000:]  # three when it joined, then p0's three
+    # Both times it took over partitions p0 had folded: their stores came from the changelog.
+    assert len(re.findall(r"restored \([1-9]\d* changelog records", taken)) == SIX, taken[-3000:]
     assert (six.root / "stores-p1").is_dir()
+    commits = re.search(r"processor p1 stopped: (\d+) commits", taken)
+    assert commits is not None and int(commits.group(1)) > 0, taken[-3000:]  # p1 folded, not only p0
     replay = six.run([TORPOR, "replay", "--no-progress"])
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert len(replay.stdout.splitlines()) == len(threads)
