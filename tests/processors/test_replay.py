@@ -31,18 +31,18 @@ from tests.processors.test_processor import (
 )
 from tests.waiting import wait_until
 from torpor.processors import keys
-from torpor.processors.replay import read_log
+from torpor.processors.replay import LogRecord, Replayer, compare, read_log, thread_heads
 from torpor.processors.statecodec import decode_entry, encode_entry
-from torpor.processors.store import RocksStore
-from torpor.schemas.codec import decode_value
+from torpor.processors.step import StepRecord, step
+from torpor.processors.store import MemoryStore, RocksStore
+from torpor.processors.verify import SourceVerifier
+from torpor.schemas.codec import Codec, decode_value, encode_value
 from torpor.schemas.records import Input, TextBlock, UserEntry, UserMessage
 from torpor.streams.admin import ensure_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
 from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
-
-pytestmark = pytest.mark.kafka
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ def _counts(deployment: Deployment) -> dict[str, int]:
         consumer.close()
 
 
+@pytest.mark.kafka
 def test_replay_matches_the_live_store_and_the_changelog_and_produces_nothing(folded: Folded) -> None:
     deployment = folded.deployment
     before = _counts(deployment)
@@ -117,6 +118,7 @@ def test_replay_matches_the_live_store_and_the_changelog_and_produces_nothing(fo
     assert _counts(deployment) == before  # nothing produced: the log already holds every output
 
 
+@pytest.mark.kafka
 def test_a_corrupted_history_row_in_a_copy_of_the_store_is_reported(folded: Folded, tmp_path: Path) -> None:
     copy = tmp_path / "store-copy"
     shutil.copytree(folded.store_dir, copy)
@@ -156,6 +158,7 @@ def _history(folded: Folded, thread_id: str, *where: str) -> dict[str, object]:
     return found
 
 
+@pytest.mark.kafka
 def test_history_from_the_store_equals_history_from_the_changelog(folded: Folded) -> None:
     from_store = _history(folded, folded.talker, "--store-dir", str(folded.store_dir))
     from_changelog = _history(folded, folded.talker, "--from-changelog")
@@ -173,6 +176,7 @@ def test_history_from_the_store_equals_history_from_the_changelog(folded: Folded
     assert missing.returncode == 1 and "no thread" in missing.stderr
 
 
+@pytest.mark.kafka
 def test_time_travel_to_an_earlier_offset_shows_the_history_as_it_stood(folded: Folded) -> None:
     deployment = folded.deployment
     consumer = Consumer({"bootstrap.servers": deployment.bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
@@ -204,3 +208,28 @@ def test_time_travel_to_an_earlier_offset_shows_the_history_as_it_stood(folded: 
         assert result.returncode == 0, result.stderr
         heads = json.loads(result.stdout)["threads"]
         assert heads[folded.talker]["history_len"] == len(earlier), (cut, heads)
+
+
+def test_the_replayer_skips_what_the_processor_parks_and_folds_the_rest_like_step() -> None:
+    thread_id = "unit-replayer"
+    create, hello = _conversation(thread_id, "hello")
+    records = [
+        LogRecord(0, 0, 0, thread_id.encode(), encode_value(create)),
+        LogRecord(0, 1, 0, thread_id.encode(), b"not avro at all"),
+        LogRecord(0, 2, 0, thread_id.encode(), encode_value(hello) + b" " * 2_000),  # too big
+        LogRecord(0, 3, 0, thread_id.encode(), None),
+        LogRecord(0, 4, 0, thread_id.encode(), encode_value(hello)),
+    ]
+    replayer = Replayer(SourceVerifier(), Codec(), "inputs", max_bytes=1_000)
+    for record in records:
+        replayer.feed(record)
+    replayed = replayer.finish()[0]
+    assert (replayer.counts.folded, replayer.counts.parked) == (2, 3)
+    direct = MemoryStore()
+    step(direct, [StepRecord(create, 0, 0), StepRecord(hello, 0, 4)], verifier=SourceVerifier())
+    assert list(replayed.iterate(b"")) == list(direct.iterate(b""))
+    heads = thread_heads({0: replayed})
+    assert compare(heads, thread_heads({0: direct})) == []
+    assert heads[thread_id].consistent and heads[thread_id].history_len == 1
+    differs = compare(heads, {})
+    assert [(m.thread_id, m.reason.split(":")[0]) for m in differs] == [(thread_id, "replay only")]
