@@ -1,0 +1,242 @@
+"""The MCP bridge against a real MCP server (the SDK's MCPServer, over stdio, as a subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from mcp import StdioServerParameters
+
+from torpor.connectors.mcp_bridge import McpBridge, discover_blocking, from_env, result_of, spec_of
+from torpor.schemas.errors import ConfigError
+from torpor.schemas.ids import derive_id
+from torpor.schemas.records import Capability, Dispatch, Input, TextBlock, ToolResult, ToolSpec
+
+# `add` has structured output, `shout` plain text, `fail` always errs, `slow` waits,
+# `pid` tells whether the calls share one server process.
+SERVER = '''
+from __future__ import annotations
+
+import os
+import time
+
+from mcp.server.mcpserver import MCPServer
+from mcp_types import TextContent
+
+app = MCPServer("torpor-test")
+
+
+@app.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@app.tool(structured_output=False)
+def shout(words: str) -> list[TextContent]:
+    """Upper-case the words."""
+    return [TextContent(type="text", text=words.upper())]
+
+
+@app.tool()
+def fail(why: str) -> str:
+    """Always fails, saying why."""
+    raise ValueError(why)
+
+
+@app.tool()
+def slow(seconds: float) -> str:
+    """Answer after a while."""
+    time.sleep(seconds)
+    return "late"
+
+
+@app.tool(structured_output=False)
+def pid() -> list[TextContent]:
+    """This server's process id."""
+    return [TextContent(type="text", text=str(os.getpid()))]
+
+
+if __name__ == "__main__":
+    app.run()
+'''
+
+PREFIX = "demo_"
+TOOLS = ("add", "shout", "fail", "slow", "pid")
+ALLOWED = Capability("local", tuple(PREFIX + t for t in TOOLS), (), None)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> StdioServerParameters:
+    path = tmp_path_factory.mktemp("mcp") / "server.py"
+    path.write_text(SERVER)
+    return StdioServerParameters(command=sys.executable, args=[str(path)])
+
+
+@pytest.fixture(scope="module")
+def specs(server: StdioServerParameters) -> tuple[ToolSpec, ...]:
+    return discover_blocking(server, PREFIX)
+
+
+def dispatch(tool: str, arguments: object, request_id: str, capability: Capability = ALLOWED,
+             kind: str = "invoke", call_id: str | None = None) -> Dispatch:
+    return Dispatch(request_id, "t1", call_id or f"call-{request_id}", PREFIX + tool, json.dumps(arguments),
+                    capability, 0, 1, None, kind)
+
+
+def clock() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def serve(server: StdioServerParameters, specs: tuple[ToolSpec, ...],
+          script: Callable[[McpBridge, list[Input]], Awaitable[None]], timeout_s: float = 5.0) -> list[Input]:
+    received: list[Input] = []
+
+    async def go() -> None:
+        bridge = McpBridge(received.append, clock, server, specs, prefix=PREFIX, call_timeout_s=timeout_s)
+        try:
+            await script(bridge, received)
+        finally:
+            await bridge.close()
+
+    asyncio.run(go())
+    return received
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    end = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < end, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def by_request(inputs: list[Input]) -> dict[str, ToolResult]:
+    return {i.body.request_id: i.body for i in inputs if isinstance(i.body, ToolResult)}
+
+
+def only_text(result: ToolResult) -> str:
+    (block,) = result.content
+    assert isinstance(block, TextBlock)
+    return block.text
+
+
+def test_the_servers_tools_become_prefixed_specs_with_their_schemas(specs: tuple[ToolSpec, ...]) -> None:
+    named = {spec.name: spec for spec in specs}
+    assert set(named) == {PREFIX + t for t in TOOLS}
+    add = named["demo_add"]
+    assert add.description == "Add two integers." and add.toolset == "mcp:demo_"
+    assert json.loads(add.parameters)["required"] == ["a", "b"]
+    assert add.result_schema is not None and "result" in json.loads(add.result_schema)["properties"]
+    assert named["demo_shout"].result_schema is None
+
+
+def test_calls_map_results_errors_and_share_one_server_process(
+    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+) -> None:
+    async def script(bridge: McpBridge, out: list[Input]) -> None:
+        bridge.submit(dispatch("add", {"a": 2, "b": 40}, "r1"))
+        bridge.submit(dispatch("shout", {"words": "hi there"}, "r2"))
+        bridge.submit(dispatch("fail", {"why": "on purpose"}, "r3"))
+        bridge.submit(dispatch("add", {"a": "not a number"}, "r4"))
+        await until(lambda: len(out) == 4)
+        bridge.submit(dispatch("pid", {}, "r5"))
+        bridge.submit(dispatch("pid", {}, "r6"))
+        await until(lambda: len(out) == 6)
+
+    out = serve(server, specs, script)
+    results = by_request(out)
+    assert {i.message_id for i in out} == {derive_id(f"r{n}", "result") for n in range(1, 7)}
+    assert results["r1"].ok and json.loads(only_text(results["r1"])) == {"result": 42}
+    assert results["r2"].ok and only_text(results["r2"]) == "HI THERE"
+    assert not results["r3"].ok and "fail" in only_text(results["r3"])
+    assert not results["r4"].ok
+    assert only_text(results["r5"]) == only_text(results["r6"])  # one session, not a process per call
+
+
+def test_a_slow_tool_times_out_and_a_cancelled_call_never_answers(
+    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+) -> None:
+    async def script(bridge: McpBridge, out: list[Input]) -> None:
+        bridge.submit(dispatch("slow", {"seconds": 1.5}, "r1"))
+        bridge.submit(dispatch("slow", {"seconds": 1.5}, "r2", call_id="call-2"))
+        await until(lambda: bridge.busy == 2)
+        bridge.submit(dispatch("slow", {}, "cancel-2", kind="cancel", call_id="call-2"))
+        await until(lambda: len(out) == 1, timeout_s=8)
+        await asyncio.sleep(0.2)  # room for a wrong answer to the cancelled call
+
+    out = serve(server, specs, script, timeout_s=0.8)
+    (result,) = out
+    assert isinstance(result.body, ToolResult) and result.body.request_id == "r1"
+    assert not result.body.ok and "no answer from the MCP server" in only_text(result.body)
+
+
+def test_refusals_and_bad_arguments_do_not_reach_the_server(
+    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+) -> None:
+    async def script(bridge: McpBridge, out: list[Input]) -> None:
+        outside = Capability("local", ("echo",), (), None)
+        bridge.submit(dispatch("add", {"a": 1, "b": 2}, "r1", capability=outside))
+        bridge.submit(dispatch("nosuch", {}, "r2"))
+        bridge.submit(dispatch("add", [1, 2], "r3"))
+        await until(lambda: len(out) == 3)
+
+    results = by_request(serve(server, specs, script))
+    assert [results[r].ok for r in ("r1", "r2", "r3")] == [False] * 3
+    assert "outside the capability" in only_text(results["r1"])
+    assert "does not serve demo_nosuch" in only_text(results["r2"])
+    assert "must be an object" in only_text(results["r3"])
+
+
+def test_a_server_that_cannot_start_is_a_config_error_at_discovery_and_an_error_result(
+    tmp_path: Path,
+) -> None:
+    missing = StdioServerParameters(command=str(tmp_path / "no-such-server"))
+    with pytest.raises(ConfigError, match="cannot list the tools"):
+        discover_blocking(missing, PREFIX)
+    spec = ToolSpec("demo_add", "", "{}", None, False, None)
+
+    async def script(bridge: McpBridge, out: list[Input]) -> None:
+        bridge.submit(dispatch("add", {"a": 1, "b": 2}, "r1"))
+        await until(lambda: len(out) == 1)
+
+    (result,) = serve(missing, (spec,), script)
+    assert isinstance(result.body, ToolResult) and not result.body.ok
+    assert "MCP error" in only_text(result.body)
+
+
+def test_from_env_needs_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORPOR_MCP_SERVER", raising=False)
+    with pytest.raises(ConfigError, match="TORPOR_MCP_SERVER"):
+        from_env(lambda _: None, clock)
+
+
+def test_from_env_serves_the_command_line_server(
+    monkeypatch: pytest.MonkeyPatch, server: StdioServerParameters
+) -> None:
+    monkeypatch.setenv("TORPOR_MCP_SERVER", f"{server.command} {server.args[0]}")
+    monkeypatch.setenv("TORPOR_MCP_PREFIX", "env_")
+    bridge = from_env(lambda _: None, clock)
+    assert {spec.name for spec in bridge.specs} == {"env_" + t for t in TOOLS}
+
+
+def test_discover_blocking_works_inside_a_running_loop(
+    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+) -> None:
+    async def go() -> tuple[ToolSpec, ...]:
+        return discover_blocking(server, PREFIX)
+
+    assert asyncio.run(go()) == specs
+
+
+def test_an_output_schema_without_structured_content_is_an_error() -> None:
+    import mcp_types
+
+    spec = spec_of(mcp_types.Tool(name="t", input_schema={"type": "object"},
+                                  output_schema={"type": "object"}), "p_")
+    ok, content = result_of(mcp_types.CallToolResult(content=[]), spec)
+    assert not ok and "no structured content" in str(content)
