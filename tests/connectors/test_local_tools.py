@@ -25,7 +25,7 @@ from torpor.schemas.records import (
     ToolResult,
 )
 
-CAPABILITY = Capability("local", ("echo",), (), None)
+CAPABILITY = Capability("local", ("echo", "deploy"), (), None)
 
 
 def dispatch(
