@@ -5,17 +5,30 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from mcp import StdioServerParameters
 
+from tests.connectors.e2e_tools import run_agent
+from tests.connectors.test_http_tool import Handler
 from torpor.connectors.mcp_bridge import McpBridge, discover_blocking, from_env, result_of, spec_of
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.ids import derive_id
-from torpor.schemas.records import Capability, Dispatch, Input, TextBlock, ToolResult, ToolSpec
+from torpor.schemas.records import (
+    Capability,
+    Dispatch,
+    EventEntry,
+    Input,
+    TextBlock,
+    ToolResult,
+    ToolResultEntry,
+    ToolSpec,
+)
 
 # `add` has structured output, `shout` plain text, `fail` always errs, `slow` waits,
 # `pid` tells whether the calls share one server process.
@@ -240,3 +253,31 @@ def test_an_output_schema_without_structured_content_is_an_error() -> None:
                                   output_schema={"type": "object"}), "p_")
     ok, content = result_of(mcp_types.CallToolResult(content=[]), spec)
     assert not ok and "no structured content" in str(content)
+
+
+def test_an_agent_in_local_mode_uses_the_subprocess_http_and_mcp_tools(server: StdioServerParameters) -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/agent"
+        history = asyncio.run(run_agent(server, url))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    results = {e.body.name: e.body for e in history if isinstance(e.body, ToolResultEntry)}
+    assert set(results) >= {"run_command", "http_request", "demo_add"}
+    assert all(r.ok and r.origin == "tool" for r in results.values())
+    assert json.loads(only_text_of(results["demo_add"].content)) == {"result": 42}
+    status, _, body = only_text_of(results["http_request"].content).partition("\n\n")
+    assert status.startswith("HTTP 200") and json.loads(body)["body"] == "from the agent"
+    assert json.loads(body)["key"] is not None  # the dispatch's request id
+    # The command's output reached the thread inline, while it ran, then its exit code.
+    streamed = [e for e in history if isinstance(e.body, EventEntry) and e.body.kind == "subscription_event"]
+    output = "\n".join(only_text_of(e.body.content) for e in streamed if isinstance(e.body, EventEntry))
+    assert "[stdout] first-line" in output and "[stderr] second-line" in output
+    assert output.endswith("exit code 4")
+    assert len(streamed) >= 2  # the first line arrived before the command ended
+
+
+def only_text_of(content: tuple[object, ...]) -> str:
+    return "\n".join(block.text for block in content if isinstance(block, TextBlock))
