@@ -9,9 +9,20 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+from confluent_kafka import Producer
+
+from tests.processors.test_processor import Deployment, deployment
+from tests.waiting import wait_until
+from torpor.connectors.journal import EffectJournal
+from torpor.connectors.runtime import ConnectorRuntime
 from torpor.connectors.subprocess_tool import SubprocessTool
+from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Capability, Dispatch, Input, TextBlock, ToolEvent, ToolResult
+from torpor.streams.config import KafkaSettings, Settings, TopicSettings
+
+__all__ = ["deployment"]  # the fixture, shared with test_processor
 
 ALLOWED = Capability("local", ("run_command",), (), None)
 
@@ -165,3 +176,38 @@ def test_output_beyond_the_limit_is_dropped_and_counted() -> None:
     out = run(go)
     assert "bytes of output dropped beyond 262144" in texts(out)
     assert sum(len(t) for t in texts(out).splitlines()) < 300_000
+
+
+@pytest.mark.kafka
+def test_served_by_the_connector_runtime_the_output_and_exit_code_reach_the_inputs_topic(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The factory contract of `torpor connector run MODULE:NAME`, against the real broker."""
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=deployment.bootstrap),
+                        topics=TopicSettings(prefix=deployment.prefix))
+    producer = Producer({"bootstrap.servers": deployment.bootstrap})
+    invoke = dispatch({"command": "echo over-kafka; exit 2"}, request_id="rq-kafka")
+    producer.produce(deployment.topic("outbox"), key=invoke.thread_id.encode(), value=encode_value(invoke))
+    assert producer.flush(30) == 0
+
+    def answered() -> bool:
+        return any(isinstance(i.body, ToolEvent) and i.body.final for i in deployment.inputs())
+
+    async def go() -> None:
+        runtime = ConnectorRuntime(settings, SubprocessTool, group=f"g-{deployment.prefix}",
+                                   journal=EffectJournal(tmp_path / "journal"))
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            await asyncio.to_thread(wait_until, answered, timeout=60, message="the command's final event")
+            done.set()
+
+        watcher = asyncio.create_task(watch())
+        await runtime.run(done.is_set)
+        await watcher
+
+    asyncio.run(go())
+    inputs = [i for i in deployment.inputs() if i.thread_id == "t1"]
+    assert isinstance(inputs[0].body, ToolResult) and inputs[0].body.subscription
+    assert inputs[0].message_id == derive_id("rq-kafka", "result")
+    assert "[stdout] over-kafka" in texts(inputs) and texts(inputs).endswith("exit code 2")
