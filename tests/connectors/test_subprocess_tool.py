@@ -211,3 +211,15 @@ def test_served_by_the_connector_runtime_the_output_and_exit_code_reach_the_inpu
     assert isinstance(inputs[0].body, ToolResult) and inputs[0].body.subscription
     assert inputs[0].message_id == derive_id("rq-kafka", "result")
     assert "[stdout] over-kafka" in texts(inputs) and texts(inputs).endswith("exit code 2")
+
+
+def test_after_a_restart_an_unfinished_command_is_not_run_again(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    out: list[Input] = []
+    tool = SubprocessTool(out.append, clock)
+    assert tool.reconcile(dispatch({"command": f"touch {marker}"}))
+    result, event = (i.body for i in out)
+    assert isinstance(result, ToolResult) and not result.ok and "not run again" in str(result.content)
+    assert result.request_id == "req-1" and out[0].message_id == derive_id("req-1", "result")
+    assert isinstance(event, ToolEvent) and event.final and event.sequence > 10**9  # ends a subscription
+    assert not marker.exists() and tool.busy == 0

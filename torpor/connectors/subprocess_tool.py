@@ -11,7 +11,9 @@ beyond `MAX_OUTPUT_BYTES` is dropped and the final event says how much.
 The command runs in its own process group (a new session), so `cancel`, `close_thread`
 and a timeout kill the whole group, children of children included: SIGTERM, then
 SIGKILL after `KILL_GRACE_S`. A command that cannot start (no such file, bad cwd) is
-one error result. Before acting, the dispatch's capability is checked (`capability.check`);
+one error result. After a connector restart an unfinished command is not run again
+(`reconcile`: an error result and a final event): at most once, because a command's
+effect cannot be looked up. Before acting, the dispatch's capability is checked (`capability.check`);
 a refusal is an error result naming the reason. Event ids derive from the request id
 and the sequence, so a resent event is a duplicate to the fold.
 """
@@ -34,6 +36,7 @@ MAX_TIMEOUT_S: Final = 3600.0
 KILL_GRACE_S: Final = 2.0
 FLUSH_S: Final = 0.1
 EXIT_POLL_S: Final = 0.01
+LAST_SEQUENCE: Final = 2**62  # past any real event's number (the field is an Avro long)
 MAX_BATCH_LINES: Final = 64
 MAX_OUTPUT_BYTES: Final = 256 * 1024
 MAX_LINE_BYTES: Final = 8 * 1024
@@ -138,6 +141,22 @@ class SubprocessTool(InProcessConnector):
             self.answer(dispatch, ok=False, content=text(f"run_command: {error}"))
             return
         self.start(dispatch, self._run(dispatch, argv, timeout, cwd))
+
+    def reconcile(self, dispatch: Dispatch) -> bool:
+        """A command started by a process that died is never run again: it may have acted.
+
+        Its process group died with that process or lives on unobserved; either way the
+        output is lost. The call is answered with an error (a duplicate, absorbed by the
+        fold, if the `started` result was already sent) and its subscription, if open,
+        is ended with a final event numbered past any the dead process could have sent.
+        """
+        why = text("run_command was interrupted by a connector restart: the command may have run, "
+                   "fully or in part; it is not run again")
+        self.answer(dispatch, ok=False, content=why)
+        body = ToolEvent(call_id=dispatch.call_id, request_id=dispatch.request_id, sequence=LAST_SEQUENCE,
+                         associative=True, final=True, content=why)
+        self.produce(dispatch.thread_id, dispatch.request_id, body, "event", "restart")
+        return True
 
     def cancel(self, thread_id: str, call_id: str) -> None:
         # Kill first: cancelling the task alone would leave the process group running.
