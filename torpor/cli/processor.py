@@ -22,11 +22,13 @@ import click
 from torpor.cli.logs import configure
 from torpor.cli.scenario import load
 from torpor.cli.settings import read_settings, settings_options
-from torpor.processors.model import ScriptedModel
 from torpor.processors.processor import Processor, ProcessorConfig
+from torpor.processors.providers.registry import ModelRouter
+from torpor.processors.providers.settings import EndpointSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError, TorporError
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
+from torpor.streams.config import Secret
 from torpor.streams.deadline import Deadline
 
 EXIT_FATAL: Final = 2
@@ -45,9 +47,23 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="A scenario file whose [[model]] rules drive the scripted model.")
 @click.option("--app", default="torpor-processor", show_default=True,
               help="The consumer group; instances of one app share the partitions.")
+@click.option("--default-model", default="scripted", show_default=True, envvar="TORPOR_DEFAULT_MODEL",
+              help="The model for a request whose thread names none: openai:<model>, "
+                   "anthropic:<model> or scripted. Each thread's own model (ThreadConfig) wins.")
+@click.option("--openai-base-url", default=None, envvar="TORPOR_OPENAI_BASE_URL",
+              help="An OpenAI-compatible server up to /v1 (vLLM, Ollama, llama.cpp, LiteLLM). "
+                   "Default: api.openai.com.")
+@click.option("--openai-api-key-env", default="OPENAI_API_KEY", show_default=True,
+              help="The variable holding the OpenAI-compatible key (unset: none sent, for local servers).")
+@click.option("--anthropic-base-url", default=None, envvar="TORPOR_ANTHROPIC_BASE_URL",
+              help="The Anthropic API's URL. Default: api.anthropic.com.")
+@click.option("--anthropic-api-key-env", default="ANTHROPIC_API_KEY", show_default=True,
+              help="The variable holding the Anthropic key.")
 @click.option("--log-level", default="info", show_default=True)
 @settings_options
 def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str,
+              default_model: str, openai_base_url: str | None, openai_api_key_env: str,
+              anthropic_base_url: str | None, anthropic_api_key_env: str,
               log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     configure(log_level)
@@ -61,7 +77,11 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
         rules = load(script).rules if script is not None else ()
         config = ProcessorConfig(instance=instance, app=app,
                                  store_dir=store_dir or Path(".torpor") / "stores" / instance)
-        runner = Processor(settings, config, ScriptedModel(rules), inputs_partitions=ensured.partitions)
+        providers = ProviderSettings(
+            openai=EndpointSettings(base_url=openai_base_url, api_key=_key(openai_api_key_env)),
+            anthropic=EndpointSettings(base_url=anthropic_base_url, api_key=_key(anthropic_api_key_env)))
+        model = ModelRouter(providers, default_model, script=rules)
+        runner = Processor(settings, config, model, inputs_partitions=ensured.partitions)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"processor {instance} started in group {app}", err=True)
@@ -73,6 +93,11 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
         _fatal(error)
     loop = runner.loop
     click.echo(f"processor {instance} stopped: {loop.commits} commits, {loop.aborts} aborts", err=True)
+
+
+def _key(variable: str) -> Secret | None:
+    value = os.environ.get(variable, "").strip()
+    return Secret(value) if value else None
 
 
 def _fatal(error: BaseException) -> None:
