@@ -315,6 +315,10 @@ class Soak:
             raise RuntimeError("inputs could not be delivered within 60 s")
 
     def start_wave(self, count: int) -> None:
+        """Start `count` more threads; past the planned ones, new ones, so a kill has work."""
+        while len(self.threads) < len(self.started) + count:
+            self.threads.append(f"soak-{len(self.threads):03d}x-{uuid.uuid4().hex[:4]}")
+        self.report.threads = len(self.threads)
         wave = self.threads[len(self.started):len(self.started) + count]
         for thread_id in wave:
             self.send(_create(thread_id), _user(thread_id, f"{thread_id}-one", 2_000, ROUND_ONE))
@@ -558,8 +562,10 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
         echo, _ = soak.echo()
         waves = max(1, len(soak.threads) // (config.kills + 2))
         for index, point in enumerate(soak.schedule()):
+            # Once the planned threads are all started, each kill still gets a fresh one.
+            wave = waves if len(soak.started) < len(soak.threads) else 1
             say(f"kill {index + 1}/{config.kills}: {point}")
-            soak.kill_at(point, waves)
+            soak.kill_at(point, wave)
         processor, _ = soak.processor("p0")
         if config.broker_restart:
             soak.start_wave(waves)
@@ -573,7 +579,7 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
             processor.send_signal(signal.SIGTERM)
             processor.wait(60)
             soak.zombie()
-        soak.start_wave(len(soak.threads))
+        soak.start_wave(len(soak.threads) - len(soak.started))
         if not any(p.poll() is None for p in soak.processes if p is not echo):
             soak.processor("p0")
         if not soak.wait(soak.finished, config.finish_timeout):
