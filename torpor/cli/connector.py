@@ -99,7 +99,7 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
            bootstrap: str | None) -> None:
     configure(log_level)
     settings = read_settings(config_file, bootstrap)
-    factory = _import(target)
+    factory = import_factory(target)
     signer = _signer(signing_key_id, signing_key)
     name = target.rpartition(":")[2]
     group = group or f"torpor-connector-{name}"
@@ -126,7 +126,8 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
     click.echo(f"connector {name} stopped after {runner.handled} dispatches", err=True)
 
 
-def _import(target: str) -> ConnectorFactory:
+def import_factory(target: str) -> ConnectorFactory:
+    """The connector factory MODULE:NAME names; a click error saying why it cannot be had."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise click.ClickException(f"connector {target!r} must be MODULE:NAME, e.g. {ECHO}")

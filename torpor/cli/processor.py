@@ -19,6 +19,7 @@ from typing import Final
 
 import click
 
+from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import configure
 from torpor.cli.scenario import load
 from torpor.cli.settings import read_settings, settings_options
@@ -59,11 +60,14 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="The Anthropic API's URL. Default: api.anthropic.com.")
 @click.option("--anthropic-api-key-env", default="ANTHROPIC_API_KEY", show_default=True,
               help="The variable holding the Anthropic key.")
+@click.option("--connector", "connectors", multiple=True, metavar="MODULE:NAME",
+              help="Host this connector in the processor's process, for development (repeatable; "
+                   "e.g. torpor.connectors.echo:EchoTool). It gets dispatches once committed.")
 @click.option("--log-level", default="info", show_default=True)
 @settings_options
 def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str,
               default_model: str, openai_base_url: str | None, openai_api_key_env: str,
-              anthropic_base_url: str | None, anthropic_api_key_env: str,
+              anthropic_base_url: str | None, anthropic_api_key_env: str, connectors: tuple[str, ...],
               log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     configure(log_level)
@@ -81,16 +85,23 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
             openai=EndpointSettings(base_url=openai_base_url, api_key=_key(openai_api_key_env)),
             anthropic=EndpointSettings(base_url=anthropic_base_url, api_key=_key(anthropic_api_key_env)))
         model = ModelRouter(providers, default_model, script=rules)
-        runner = Processor(settings, config, model, inputs_partitions=ensured.partitions)
+        hosted = HostedConnectors(settings, connectors, app=app, instance=instance,
+                                  store_dir=config.store_dir)
+        runner = Processor(settings, config, model, inputs_partitions=ensured.partitions,
+                           hosted_busy=hosted.busy)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
+    hosted.start()
     click.echo(f"processor {instance} started in group {app}", err=True)
     try:
-        runner.run(lambda: bool(stopping), until_idle=until_idle)
+        runner.run(lambda: bool(stopping) or bool(hosted.failed), until_idle=until_idle)
     except TorporError as error:
         _fatal(error)
     except Exception as error:  # a bug: still exit loudly and at once
         _fatal(error)
+    hosted.stop()
+    if hosted.failed:
+        _fatal(RuntimeError("hosted connector failed: " + "; ".join(hosted.failed)))
     loop = runner.loop
     click.echo(f"processor {instance} stopped: {loop.commits} commits, {loop.aborts} aborts", err=True)
 

@@ -146,6 +146,9 @@ class ConnectorRuntime:
         self._uncommitted: dict[int, int] = {}
         self._last_commit = 0.0
         self._last_prune = 0.0
+        # Since when nothing ran, nothing was unread and everything was committed (None:
+        # busy). Written by the loop only; a processor hosting this runtime reads it.
+        self.idle_since: float | None = None
         self.handled = 0
         self._settings = settings
         if signer is None:
@@ -211,6 +214,11 @@ class ConnectorRuntime:
                     self._commit()
                 if time.monotonic() - self._last_prune >= PRUNE_SECONDS:
                     self._prune()
+                idle = not messages and self.connector.busy == 0 and self._caught_up()
+                if idle and self.idle_since is None:
+                    self.idle_since = time.monotonic()
+                elif not idle:
+                    self.idle_since = None
                 await asyncio.sleep(0 if messages else POLL_SECONDS)  # the tools' tasks run here
         finally:
             # Running effects stay `dispatched` in the journal: the next start reconciles them.
@@ -220,6 +228,20 @@ class ConnectorRuntime:
             self._commit()
             self._consumer.close()
             self.journal.close()
+
+    def _caught_up(self) -> bool:
+        """Every assigned outbox partition read to its end (cached watermarks: no request)."""
+        assignment = self._consumer.assignment()
+        if not assignment:
+            return False
+        for position in self._consumer.position(assignment):
+            try:
+                _, high = self._consumer.get_watermark_offsets(position, cached=True)
+            except KafkaException:
+                return False
+            if high > 0 and (position.offset < 0 or position.offset < high):
+                return False
+        return not self._uncommitted
 
     def _room(self) -> int:
         """How many dispatches to take now: all that come, or what `max_concurrency` leaves."""

@@ -277,7 +277,9 @@ class Processor:
         codec: Codec | None = None,
         verifier: Verifier | None = None,
         default_config: ThreadConfig | None = None,
+        hosted_busy: Callable[[], bool] = lambda: False,
     ) -> None:
+        self._hosted_busy = hosted_busy  # connectors hosted beside the processor (the CLI's)
         self.settings = settings
         self.config = config
         self.provider = provider
@@ -313,6 +315,7 @@ class Processor:
             self.stages.scheduled > 0
             or any(task.in_flight for task in self.tasks.values() if task.stage is not None)
             or len(self._sink_producer) > 0
+            or self._hosted_busy()
         )
 
     def run(self, should_stop: Callable[[], bool], *, until_idle: bool = False) -> None:
