@@ -42,7 +42,7 @@ CHUNKS: Final = (CHUNK,) * 12
 SUMMARY_LINE: Final = "test result: ok. 142 passed; 0 failed; 3 ignored; finished in 12.07s"
 TOOL_RESULT: Final = SUMMARY_LINE * 5
 ZERO: Final = Usage(0, 0, 0)
-MODEL: Final = "bench"
+MODEL: Final = "scripted:bench"  # the processor routes by model string: the scripted backend
 
 RUN_COMMAND_SPEC: Final = ToolSpec(
     name=TOOL,
