@@ -8,17 +8,13 @@ in its first turn and answers with text in its second; the processor runs with
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import signal
-import threading
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
+from tests.processors.provider_kafka import serving, start_agent, stop_cleanly
 from tests.processors.providers import wire
-from tests.processors.test_processor import TORPOR, Deployment, _conversation, deployment
+from tests.processors.test_processor import Deployment, deployment
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -36,39 +32,19 @@ def _tool_call() -> list[wire.JSON]:
     ]
 
 
-@pytest.fixture
-def server() -> Iterator[wire.WireServer]:
-    """The wire server on an event loop of its own thread (the processor is another process)."""
-    loop = asyncio.new_event_loop()
-    found = wire.WireServer([wire.Reply(body=wire.openai_sse(_tool_call())),
-                             wire.Reply(body=wire.openai_sse(wire.oai_text("The echo ", "said ping.")))])
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    asyncio.run_coroutine_threadsafe(found.__aenter__(), loop).result(10)
-    yield found
-    asyncio.run_coroutine_threadsafe(found.__aexit__(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-
-
-def test_an_openai_model_completes_a_tool_calling_turn_in_kafka_mode(
-    deployment: Deployment, server: wire.WireServer
-) -> None:
+def test_an_openai_model_completes_a_tool_calling_turn_in_kafka_mode(deployment: Deployment) -> None:
     thread_id = f"openai-{uuid.uuid4().hex[:8]}"
-    create, hello = _conversation(thread_id, "please ping")
-    assert hasattr(create.body, "config")
-    config = dataclasses.replace(create.body.config, model="openai:gpt-test")  # type: ignore[union-attr]
-    deployment.send(dataclasses.replace(create, body=dataclasses.replace(create.body, config=config)), hello)
-    processor = deployment.start(deployment.processor_args("p0", "--openai-base-url", f"{server.url}/v1"),
-                                 "processor")
-    echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}",
-                             "--journal-dir", str(deployment.root / "journal")], "echo")
-    wait_until(lambda: deployment.answers(thread_id) == ["Pinging.", "The echo said ping."], timeout=120,
-               message=f"both turns; processor log:\n{deployment.log('processor')[-3000:]}")
-    first, second = server.requests
-    assert first.path == "/v1/chat/completions" and first.body["model"] == "gpt-test"
-    assert first.body["tools"][0]["function"]["name"] == "echo"
-    tool_message = second.body["messages"][-1]
-    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
-    assert "echo: ping" in str(tool_message["content"])
-    for process in (processor, echo):
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
+    replies = [wire.Reply(body=wire.openai_sse(_tool_call())),
+               wire.Reply(body=wire.openai_sse(wire.oai_text("The echo ", "said ping.")))]
+    with serving(replies) as server:
+        processor, echo = start_agent(deployment, thread_id, "openai:gpt-test", "please ping",
+                                      "--openai-base-url", f"{server.url}/v1")
+        wait_until(lambda: deployment.answers(thread_id) == ["Pinging.", "The echo said ping."], timeout=120,
+                   message=f"both turns; processor log:\n{deployment.log('processor')[-3000:]}")
+        first, second = server.requests
+        assert first.path == "/v1/chat/completions" and first.body["model"] == "gpt-test"
+        assert first.body["tools"][0]["function"]["name"] == "echo"
+        tool_message = second.body["messages"][-1]
+        assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
+        assert "echo: ping" in str(tool_message["content"])
+        stop_cleanly(deployment, processor, echo)

@@ -1,0 +1,100 @@
+"""The rig shared by the processor tests with a real model client (`openai`, `anthropic`).
+
+Each such test runs `torpor processor` and `torpor connector run-echo` as processes
+against the real broker (`Deployment` of `test_processor`), with the processor's
+provider base URL pointing at a `wire.WireServer` in the test process. The server runs
+on an event loop of its own thread, because the test's thread blocks in `wait_until`
+while the processor (another process) talks to it.
+
+- `serving(replies)`: the wire server, started and stopped around a block;
+- `start_agent(...)`: create a thread on a model, say one thing, start both processes;
+- `stop_cleanly(...)`: SIGTERM, and each process must exit 0;
+- `streamed_turns(...)`: for each committed turn of a thread, the text its live `delta`
+  events carried before the commit, beside the text the turn committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+from tests.processors.providers import wire
+from tests.processors.test_processor import TORPOR, Deployment, _conversation
+from torpor.schemas.codec import decode_value
+from torpor.schemas.records import AssistantEntry, CreateThread, TextBlock, ThreadEvent
+
+# Starting and stopping the server is local; 10 s only bounds a broken loop.
+SERVER_CALL_S: Final = 10.0
+
+
+@contextmanager
+def serving(replies: list[wire.Reply]) -> Iterator[wire.WireServer]:
+    """A wire server answering `replies` in order, on a loop in a daemon thread."""
+    loop = asyncio.new_event_loop()
+    server = wire.WireServer(replies)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(SERVER_CALL_S)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.__aexit__(), loop).result(SERVER_CALL_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(SERVER_CALL_S)
+        loop.close()
+
+
+def start_agent(
+    deployment: Deployment, thread_id: str, model: str, text: str, *processor_flags: str
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """Send a CreateThread on `model` and a UserMessage `text`; start (processor, echo connector)."""
+    create, hello = _conversation(thread_id, text)
+    assert isinstance(create.body, CreateThread)
+    body = dataclasses.replace(create.body, config=dataclasses.replace(create.body.config, model=model))
+    deployment.send(dataclasses.replace(create, body=body), hello)
+    processor = deployment.start(deployment.processor_args("p0", *processor_flags), "processor")
+    echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}",
+                             "--journal-dir", str(deployment.root / "journal")], "echo")
+    return processor, echo
+
+
+def stop_cleanly(deployment: Deployment, processor: subprocess.Popen[bytes],
+                 echo: subprocess.Popen[bytes]) -> None:
+    """SIGTERM both; each must exit 0 (a clean stop), or the assertion shows its log."""
+    for process in (processor, echo):
+        process.send_signal(signal.SIGTERM)
+    assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]
+    assert echo.wait(timeout=60) == 0, deployment.log("echo")[-3000:]
+
+
+def thread_events(deployment: Deployment, thread_id: str) -> list[ThreadEvent]:
+    """The events of `thread_id` in offset order (a thread's events share one partition)."""
+    events = (decode_value(v or b"", ThreadEvent) for _, v, _ in deployment.records("events"))
+    return [e for e in events if e.thread_id == thread_id]
+
+
+def streamed_turns(deployment: Deployment, thread_id: str) -> list[tuple[str, str]]:
+    """(text of the live deltas since the previous turn, text the turn committed), per turn.
+
+    Deltas come from the model stage while the model streams, outside any transaction;
+    a turn is committed only after its Completion is folded. So every delta of a turn
+    sits before that turn's `turn_committed` on the partition.
+    """
+    turns: list[tuple[str, str]] = []
+    live: list[str] = []
+    for event in thread_events(deployment, thread_id):
+        if event.kind == "delta" and event.ephemeral:
+            live.append(event.text or "")
+        elif event.kind == "turn_committed" and event.entry is not None:
+            body = event.entry.body
+            if isinstance(body, AssistantEntry):
+                said = "".join(b.text for b in body.content if isinstance(b, TextBlock))
+                turns.append(("".join(live), said))
+                live = []
+    return turns
