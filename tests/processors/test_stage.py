@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from tests.processors.fold_scenarios import completion, create, user
+from tests.processors.fold_scenarios import completion, control, create, user
 from torpor.processors.effects import RequestCompletion
-from torpor.processors.model import ScriptedModel, ScriptedTurn, ScriptRule
+from torpor.processors.model import (
+    CompletionRequest,
+    Finished,
+    ModelInfo,
+    ModelOutput,
+    ScriptedModel,
+    ScriptedTurn,
+    ScriptRule,
+    TextDelta,
+)
 from torpor.processors.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import MemoryStore
-from torpor.schemas.records import Completion, Input, InputBody, TextBlock, ThreadEvent
+from torpor.processors.tables import HistoryCache, load_state, visible_entries
+from torpor.schemas.records import Completion, Input, InputBody, TextBlock, ThreadEvent, Usage
 
 FAST = StageConfig(backoff_initial_s=0.001, backoff_max_s=0.002, max_attempts=3)
 
@@ -63,10 +74,8 @@ def test_a_completion_comes_back_as_an_input_named_by_its_request() -> None:
     assert (answer.message_id, answer.source, answer.created_at) == (request.request_id, "processor", 5_000)
     assert isinstance(answer.body, Completion) and answer.body.content == (TextBlock("pong"),)
     assert answer.body.error is None
-    assert [(e.kind, e.ephemeral, e.text) for e in sink.events] == [
-        ("delta", True, "po"),
-        ("delta", True, "ng"),
-    ]
+    # Both chunks came within the delta window: one live event carries their text.
+    assert [(e.kind, e.ephemeral, e.text) for e in sink.events] == [("delta", True, "pong")]
     # Folding it commits the turn.
     out = step(store, [StepRecord(answer, 0, 1)])
     assert [r.disposition for r in out.receipts] == ["applied"]
@@ -90,8 +99,6 @@ def test_exhausted_retries_give_an_error_completion_that_parks_the_thread() -> N
     assert (answer.body.error.kind, answer.body.error.attempts) == ("transient", 3)
     out = step(store, [StepRecord(answer, 0, 1)])
     assert out.receipts[-1].disposition in ("applied", "parked")
-    from torpor.processors.tables import load_state
-
     state = load_state(store, "t1")
     assert state is not None and state.status.value == "parked"
 
@@ -169,3 +176,119 @@ def test_user_text_folded_meanwhile_makes_the_old_request_stale() -> None:
     sink = run_stage(store, (ScriptedTurn(chunks=("x",)),), request)
     # Either the fold kept the request (then it is answered) or replaced it (then dropped).
     assert len(sink.completions) <= 1
+
+
+def test_with_no_delta_window_every_delta_is_an_event_of_its_own() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    config = StageConfig(backoff_initial_s=0.001, backoff_max_s=0.002, delta_window_s=0.0)
+    sink = run_stage(store, (ScriptedTurn(chunks=("po", "ng")),), request, config=config)
+    assert [(e.kind, e.text) for e in sink.events] == [("delta", "po"), ("delta", "ng")]
+    assert len({e.event_id for e in sink.events}) == 2
+
+
+class Quiet:
+    """Streams "a", then goes quiet until the stage has published it, then "b" and the turn."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def models(self) -> tuple[ModelInfo, ...]:
+        return (ModelInfo("quiet", 1_000, supports_images=False),)
+
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
+        yield TextDelta("a")
+        async with asyncio.timeout(5.0):  # the window's timer must publish "a" meanwhile
+            while not self.sink.events:
+                await asyncio.sleep(0.005)
+        yield TextDelta("b")
+        yield TextDelta("c")
+        yield Finished((TextBlock("abc"),), (), Usage(0, 0, 0), "quiet")
+
+
+def test_a_delta_is_published_within_the_window_while_the_provider_is_quiet() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = Sink()
+
+    async def go() -> None:
+        stage = ModelStage(store, Quiet(sink), sink, lambda: 1, StageConfig(delta_window_s=0.02))
+        stage.submit(request)
+        await stage.wait_idle()
+
+    asyncio.run(go())
+    assert [e.text for e in sink.events] == ["a", "bc"]  # in order, nothing lost or repeated
+    assert len({e.event_id for e in sink.events}) == 2
+    (answer,) = sink.completions
+    assert isinstance(answer.body, Completion) and answer.body.error is None
+
+
+class Recording(ScriptedModel):
+    """A scripted model that remembers the history of every request it was asked."""
+
+    histories: list[CompletionRequest]
+
+    async def complete(self, request):  # type: ignore[no-untyped-def, override]
+        self.histories.append(request)
+        async for out in ScriptedModel.complete(self, request):
+            yield out
+
+
+def serve(store: MemoryStore, stage: ModelStage, sink: Sink, request: RequestCompletion) -> Input:
+    async def go() -> None:
+        stage.submit(request)
+        await stage.wait_idle()
+
+    asyncio.run(go())
+    return sink.completions[-1]
+
+
+def test_the_cached_history_of_a_thread_is_what_the_store_holds_at_every_turn() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = Sink()
+    model = Recording([ScriptRule(turns=(ScriptedTurn(chunks=("pong",)),) * 4)])
+    model.histories = []
+    stage = ModelStage(store, model, sink, lambda: 1, FAST)
+    for turn in range(3):
+        answer = serve(store, stage, sink, request)
+        step(store, [StepRecord(answer, 0, 10 * turn + 1)])
+        text = envelope(f"m-{turn}", user(f"again {turn}"))
+        (request,) = step(store, [StepRecord(text, 0, 10 * turn + 2)]).completions
+    serve(store, stage, sink, request)
+    assert len(model.histories) == 4
+    for asked in model.histories:
+        assert asked.history == visible_entries(store, "t1", 0, len(asked.history))
+    assert len(model.histories[-1].history) > len(model.histories[0].history) > 0
+
+
+def test_a_thread_deleted_and_created_again_is_not_served_its_old_history() -> None:
+    store = MemoryStore()
+    cache = HistoryCache(capacity=8)
+    first = thread_awaiting_model(store)
+    state = load_state(store, "t1")
+    assert state is not None
+    old = cache.visible(store, state, first.history_len)
+    step(store, [StepRecord(envelope("m-delete", control("delete"), source="operator:o"), 0, 1)])
+    assert load_state(store, "t1") is None
+    again = envelope("m-create-2", create(initial="a different first text"))
+    (second,) = step(store, [StepRecord(again, 0, 2)]).completions
+    state = load_state(store, "t1")
+    assert state is not None
+    fresh = cache.visible(store, state, second.history_len)
+    assert fresh == visible_entries(store, "t1", 0, second.history_len)
+    assert fresh != old
+
+
+def test_the_history_cache_keeps_at_most_its_capacity_of_threads() -> None:
+    store = MemoryStore()
+    cache = HistoryCache(capacity=2)
+    for i in range(5):
+        item = Input(f"m{i}", f"t{i}", 1, "user:u", None, None, None, create(initial="go"))
+        (request,) = step(store, [StepRecord(item, 0, i)]).completions
+        state = load_state(store, f"t{i}")
+        assert state is not None
+        assert cache.visible(store, state, request.history_len) == visible_entries(
+            store, f"t{i}", 0, request.history_len
+        )
+    assert len(cache) == 2

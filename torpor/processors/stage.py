@@ -7,7 +7,11 @@ request has committed. The stage then, off the fold's path:
    `request.history_len`) from the committed store, and drops the request if the thread
    no longer awaits it (answered, interrupted, stopped: the fold moved on);
 2. calls the provider with the history, the system prompt and the tools (the thread's
-   own plus `BUILTIN_TOOLS`), publishing each live delta as an ephemeral `delta` event;
+   own plus `BUILTIN_TOOLS`), publishing its live text as ephemeral `delta` events:
+   deltas that arrive within `StageConfig.delta_window_s` of the first one not yet
+   published are coalesced into one event (their texts joined, in order), so an observer
+   that concatenates the deltas' texts sees exactly the provider's text, and a fast
+   stream costs one event, not one per chunk;
 3. publishes the finished turn as a `Completion` input, `message_id == request_id`,
    source `processor`, so a second copy (a re-issue after a crash) is a duplicate.
 
@@ -27,6 +31,7 @@ once per process: a request id already in flight is not started again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -45,7 +50,7 @@ from torpor.processors.model import (
 )
 from torpor.processors.state import Status
 from torpor.processors.store import Store
-from torpor.processors.tables import awaiting_requests, load_state, visible_entries
+from torpor.processors.tables import HistoryCache, awaiting_requests, load_state
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, Usage
 
@@ -62,12 +67,20 @@ class StageConfig:
     max_attempts: int = 4  # tries per request before an error Completion
     backoff_initial_s: float = 0.5  # doubled per retry: rate limits clear in seconds
     backoff_max_s: float = 8.0  # so the whole retry budget stays well under a minute
+    # Coalescing of live deltas: a person reading a tail cannot tell 50 ms apart, and a
+    # provider streams a chunk every few ms. 0 publishes every delta as it comes.
+    delta_window_s: float = 0.05
+    # Decoded histories kept for the next completion of the same thread (`HistoryCache`):
+    # a few waves of busy threads; each holds its history's decoded entries.
+    history_cache_threads: int = 1024
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_attempts < 1:
             raise ValueError("the model stage needs concurrency >= 1 and max_attempts >= 1")
         if not 0 <= self.backoff_initial_s <= self.backoff_max_s:
             raise ValueError("backoff must satisfy 0 <= initial <= max")
+        if self.delta_window_s < 0 or self.history_cache_threads < 0:
+            raise ValueError("delta_window_s and history_cache_threads must not be negative")
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based)."""
@@ -104,6 +117,7 @@ class ModelStage:
         self.config = config or StageConfig()
         self._gate = asyncio.Semaphore(self.config.concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._histories = HistoryCache(self.config.history_cache_threads)
 
     def submit(self, request: RequestCompletion) -> bool:
         """Start `request` (committed) unless it is already in flight; True if started."""
@@ -157,7 +171,7 @@ class ModelStage:
             return None
         if state.pending_request != request.request_id:
             return None
-        history = visible_entries(self._store, request.thread_id, 0, request.history_len)
+        history = self._histories.visible(self._store, state, request.history_len)
         return CompletionRequest(
             request_id=request.request_id,
             thread_id=request.thread_id,
@@ -194,19 +208,18 @@ class ModelStage:
         return self._completion(request, None, error)
 
     async def _once(self, request: CompletionRequest, attempt: int) -> Finished:
-        index = 0
+        deltas = _Deltas(functools.partial(self._publish_delta, request, attempt), self.config.delta_window_s)
         stream = self._provider.complete(request)
         try:
             async for output in stream:
                 match output:
                     case TextDelta(text=text):
-                        self._sink.publish_event(
-                            self._event(request, "delta", f"{attempt}.{index}", text=text, data=None)
-                        )
-                        index += 1
+                        deltas.add(text)
                     case Finished():
                         return output
         finally:
+            # Whatever text came is published before the turn (or its retry event).
+            deltas.flush()
             # Stop reading at `Finished`, and close the stream now, not at garbage
             # collection: a provider's stream holds an HTTP connection.
             close = getattr(stream, "aclose", None)
@@ -215,6 +228,10 @@ class ModelStage:
         raise TransientModelError(
             f"the provider's stream ended without a finished turn ({request.request_id})"
         )
+
+    def _publish_delta(self, request: CompletionRequest, attempt: int, first: int, text: str) -> None:
+        # Labelled by the index of its first delta: ids stay unique and stable per attempt.
+        self._sink.publish_event(self._event(request, "delta", f"{attempt}.{first}", text=text, data=None))
 
     def _retried(self, request: CompletionRequest, attempt: int, exc: ModelError, delay: float) -> None:
         detail = json.dumps({"attempt": attempt, "error": str(exc), "retry_in_s": delay}, sort_keys=True)
@@ -265,3 +282,34 @@ class ModelStage:
             signature=None,
             body=body,
         )
+
+
+class _Deltas:
+    """The deltas of one attempt not yet published: flushed when the window since the
+    first of them has passed (by a timer, if the provider goes quiet), or at the end."""
+
+    def __init__(self, publish: Callable[[int, str], None], window_s: float) -> None:
+        self._publish = publish  # (index of the first delta, joined text)
+        self._window = window_s
+        self._texts: list[str] = []
+        self._first = 0  # index of the first buffered delta in this attempt
+        self._count = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, text: str) -> None:
+        if not self._texts:
+            self._first = self._count
+            if self._window > 0:
+                self._timer = asyncio.get_running_loop().call_later(self._window, self.flush)
+        self._texts.append(text)
+        self._count += 1
+        if self._window == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._texts:
+            text, self._texts = "".join(self._texts), []
+            self._publish(self._first, text)

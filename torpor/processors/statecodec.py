@@ -22,7 +22,9 @@ Plans are computed once per class (`functools.cache`). Decoded states and histor
 entries are memoised by their bytes in bounded LRU maps (`_Recent`): the model stage
 re-reads a thread's whole history for every completion and the step re-reads the state
 it wrote one checkpoint earlier, and every decoded value is a frozen dataclass, so
-sharing one between callers is safe. The bound keeps the memory constant, not per agent.
+sharing one between callers is safe. Encoding a state or an entry remembers the pair too
+(the value encodes to those bytes, so it is what they decode to): the next read of a row
+just written is a hit. The bound keeps the memory constant, not per agent.
 An unsupported field type raises `TypeError` on first use: a bug in the record definitions, not bad input.
 """
 
@@ -180,10 +182,15 @@ class _Recent(typing.Generic[T]):
             self._values.move_to_end(raw)
             return found
         value = decoder(raw)
+        self.put(raw, value)
+        return value
+
+    def put(self, raw: bytes, value: T) -> None:
+        """Remember that `raw` decodes to `value` (the caller encoded `value` as `raw`)."""
         self._values[raw] = value
+        self._values.move_to_end(raw)
         if len(self._values) > self._capacity:
             self._values.popitem(last=False)
-        return value
 
 
 # A few hundred threads' working set; a miss costs only the decode it would have done.
@@ -192,7 +199,14 @@ _ENTRIES: Final[_Recent[HistoryEntry]] = _Recent(4096)
 
 
 def encode_state(state: ThreadState) -> bytes:
-    return encode(state)
+    """The state row's bytes; the pair is remembered, so the next read of the row is a hit.
+
+    The step writes a state and the next input of the thread (or the model stage) reads
+    it back: without this every such read was a miss and a full JSON decode.
+    """
+    raw = encode(state)
+    _STATES.put(raw, state)
+    return raw
 
 
 def decode_state(raw: bytes) -> ThreadState:
@@ -204,8 +218,13 @@ def _decode_state(raw: bytes) -> ThreadState:
 
 
 def encode_entry(entry: HistoryEntry) -> bytes:
-    """A history row: the wire record in Avro single-object encoding (schema-evolvable)."""
-    return encode_value(entry)
+    """A history row: the wire record in Avro single-object encoding (schema-evolvable).
+
+    Remembered like a state: the model stage reads the entries the step just appended.
+    """
+    raw = encode_value(entry)
+    _ENTRIES.put(raw, entry)
+    return raw
 
 
 def decode_entry(raw: bytes) -> HistoryEntry:

@@ -8,14 +8,20 @@ Model-visible history (the rule of `history.py`): the latest `SummaryEntry`, the
 non-summary entry whose `seq >= summary.up_to_seq`; with no summary, every entry. The
 step keeps the seq of the latest summary in the thread's `C` row, so finding it costs
 one read, not a scan of the whole history.
+
+`HistoryCache` serves the model stage's repeated reads of one thread's visible history
+incrementally (see its docstring).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from torpor.processors import keys
 from torpor.processors.effects import RequestCompletion
+from torpor.processors.history import chain
 from torpor.processors.state import ThreadState
 from torpor.processors.statecodec import decode_entry, decode_request, decode_state
 from torpor.processors.store import Store
@@ -92,3 +98,60 @@ def awaiting_requests(store: Store) -> Iterator[RequestCompletion]:
     """The completion requests of threads still `awaiting_model` (re-issued after a restart)."""
     for _, raw in store.iterate(keys.awaiting_model_prefix()):
         yield decode_request(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    """A thread's first `length` entries, decoded, and the hash-chain head after them."""
+
+    length: int
+    head: str
+    entries: tuple[HistoryEntry, ...]
+
+
+class HistoryCache:
+    """The decoded histories of the threads served last, extended by what was appended since.
+
+    The model stage needs a thread's whole model-visible history at every completion;
+    re-reading and re-decoding it each time made a turn cost O(history) (quadratic per
+    thread). While a thread lives its history only grows, so a cached prefix needs only
+    the new entries read and decoded. A prefix is trusted only when the hash chain over it
+    and the new entries ends on the state's `head`: a thread deleted and created again
+    under the same id has another chain, and is read afresh. Served from the cache: a
+    request covering the whole stored history of a thread without a summary (the common
+    case); anything else is read as `visible_entries` reads it. At most `capacity`
+    threads are kept, least recently served evicted: the memory is bounded, not per agent.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"a history cache needs capacity >= 0, not {capacity}")
+        self._capacity = capacity
+        self._threads: OrderedDict[str, _Cached] = OrderedDict()
+
+    def visible(self, store: Store, state: ThreadState, up_to_seq: int) -> tuple[HistoryEntry, ...]:
+        """What `visible_entries(store, thread, 0, up_to_seq)` returns, for `state`'s thread."""
+        thread_id = state.thread_id
+        if (
+            self._capacity == 0
+            or up_to_seq != state.history_len
+            or latest_summary_seq(store, thread_id) is not None
+        ):
+            return visible_entries(store, thread_id, 0, up_to_seq)
+        cached = self._threads.pop(thread_id, None)
+        entries: tuple[HistoryEntry, ...] | None = None
+        if cached is not None and cached.length <= up_to_seq:
+            new = tuple(read_entries(store, thread_id, cached.length, up_to_seq))
+            if chain(new, cached.head) == state.head:
+                entries = cached.entries + new
+        if entries is None:
+            entries = tuple(read_entries(store, thread_id, 0, up_to_seq))
+            if chain(entries) != state.head:
+                return entries  # read while the thread changed under us: serve it, do not keep it
+        self._threads[thread_id] = _Cached(up_to_seq, state.head, entries)
+        if len(self._threads) > self._capacity:
+            self._threads.popitem(last=False)
+        return entries
+
+    def __len__(self) -> int:
+        return len(self._threads)

@@ -13,6 +13,7 @@ split over two partitions and lose their total order.
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 # Constants of Kafka's murmur2 (Utils.murmur2): the seed, the mixing multiplier and shift.
@@ -53,10 +54,17 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+# Every record of a thread hashes the same key again (a turn makes a dozen records), and
+# murmur2 in Python costs microseconds; a bounded cache keeps the memory constant.
+PARTITION_CACHE_SIZE: Final = 65_536
+
+
+@functools.lru_cache(maxsize=PARTITION_CACHE_SIZE)
 def partition_for(key: bytes, num_partitions: int) -> int:
     """Return the partition Java's default partitioner picks for `key` among `num_partitions`.
 
     Raises ValueError if `num_partitions` is not positive: there is no partition to pick.
+    Memoised per `(key, num_partitions)`: the answer is a pure function of both.
     """
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
