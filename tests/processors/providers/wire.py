@@ -9,15 +9,22 @@ socket mid-body) after a given number of chunks.
 
 `openai_sse` and `anthropic_sse` frame events as each API's server-sent events; the
 `oai_*` and `ant_*` builders make the payloads in the shapes the real APIs send.
+
+Run as a program, it is a stand-in endpoint for trying `torpor processor` by hand (the
+commands of `docs/models.md`): `python -m tests.processors.providers.wire openai --port
+8765 --fail 503` answers the first request with a 503, then every request with a short
+streamed text turn, and prints one line per request it received.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 JSON = dict[str, Any]
 
@@ -184,6 +191,8 @@ class WireServer:
 
     replies: list[Reply]
     requests: list[Recorded] = field(default_factory=list)
+    port: int = 0  # 0: any free port
+    on_request: Callable[[Recorded], None] | None = None  # told of each request as it is recorded
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[object]] = field(default_factory=set)
 
@@ -194,7 +203,7 @@ class WireServer:
         return f"http://127.0.0.1:{port}"
 
     async def __aenter__(self) -> WireServer:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -224,6 +233,8 @@ class WireServer:
         headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)}
         raw = await reader.readexactly(int(headers.get("content-length", "0")))
         self.requests.append(Recorded(method, path, headers, json.loads(raw) if raw else {}))
+        if self.on_request is not None:
+            self.on_request(self.requests[-1])
         index = len(self.requests) - 1
         reply = (
             self.replies[index] if index < len(self.replies) else json_reply(500, {"error": "no reply left"})
@@ -247,3 +258,54 @@ class WireServer:
             await writer.drain()
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+
+
+# --- a stand-in endpoint, for trying the processor by hand ---------------------------
+
+STAND_IN_TURNS: Final = 1000  # text turns served after the failures: more than a session needs
+
+
+def stand_in_replies(api: str, text: str, failures: Sequence[int]) -> list[Reply]:
+    """An error reply per status in `failures`, then the same text turn for every request."""
+    words = text.split(" ")
+    pieces = [w + " " for w in words[:-1]] + words[-1:]
+    errors = [
+        json_reply(status, oai_error(f"stand-in failure {status}",
+                                     "server_error" if status >= 500 else "invalid_request_error"))
+        if api == "openai"
+        else json_reply(status, ant_error("api_error" if status >= 500 else "authentication_error",
+                                          f"stand-in failure {status}"))
+        for status in failures
+    ]
+    body = openai_sse(oai_text(*pieces)) if api == "openai" else anthropic_sse(ant_text(*pieces))
+    return [*errors, *([Reply(body=body)] * STAND_IN_TURNS)]
+
+
+def _print_request(recorded: Recorded) -> None:
+    model, messages = recorded.body.get("model"), len(recorded.body.get("messages", []))
+    print(f"{recorded.method} {recorded.path} model={model} messages={messages}", flush=True)
+
+
+async def _stand_in(server: WireServer) -> None:
+    async with server:
+        print(f"serving at {server.url}", flush=True)
+        await asyncio.Event().wait()  # until interrupted
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.processors.providers.wire",
+                                     description="A stand-in OpenAI or Anthropic endpoint.")
+    parser.add_argument("api", choices=["openai", "anthropic"])
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--fail", type=int, action="append", default=[], metavar="STATUS",
+                        help="answer the next request with this HTTP status first (repeatable)")
+    parser.add_argument("--text", default="Hello from the stand-in model.")
+    args = parser.parse_args(argv)
+    server = WireServer(stand_in_replies(args.api, args.text, args.fail), port=args.port,
+                        on_request=_print_request)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_stand_in(server))
+
+
+if __name__ == "__main__":
+    main()
