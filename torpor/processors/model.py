@@ -13,15 +13,19 @@ a request is served by the first rule whose predicates hold (thread id, the thre
 kind, text in the entries the model is answering), and each (rule, thread) pair walks that rule's
 turns in order. A request id that was already served gets the same turn again, so a
 retried or re-issued request is answered identically, the way the model is never
-"called twice" for one request id. Tool call ids derive from the request id.
+"called twice" for one request id. Tool call ids derive from the request id. The
+request ids it remembers are the last `REMEMBERED_REQUESTS` (a retry or a re-issue
+follows its first attempt within seconds), so a long run does not grow the heap by every
+completion it ever served; what stays per thread is one cursor per rule it matched.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from torpor.schemas.errors import RetriableError, TorporError
 from torpor.schemas.ids import derive_id
@@ -204,6 +208,19 @@ def entry_text(entry: HistoryEntry) -> str:
             return body.text
 
 
+REMEMBERED_REQUESTS: Final = 10_000
+"""Request ids `ScriptedModel` remembers (its turn, its attempts), least recent forgotten."""
+
+
+@dataclass(slots=True)
+class _Served:
+    """What a request id was answered with, and how many attempts it has made."""
+
+    rule: int
+    turn: ScriptedTurn
+    attempts: int = 0
+
+
 @dataclass(slots=True)
 class ScriptedModel:
     """A deterministic `ModelProvider` driven by `rules` (see the module docstring)."""
@@ -215,16 +232,20 @@ class ScriptedModel:
     # request, so it stays deterministic. None: the EXHAUSTED text.
     fallback: Callable[[CompletionRequest], ScriptedTurn] | None = None
     _cursors: dict[tuple[int, str], int] = field(default_factory=dict)
-    _served: dict[str, tuple[int, ScriptedTurn]] = field(default_factory=dict)
-    _attempts: dict[str, int] = field(default_factory=dict)
+    _served: OrderedDict[str, _Served] = field(default_factory=OrderedDict)
 
     def models(self) -> tuple[ModelInfo, ...]:
         return (ModelInfo(self.name, self.context_window, supports_images=False),)
 
     def turn_for(self, request: CompletionRequest) -> ScriptedTurn:
         """The turn that answers `request` (the same one for a repeated request id)."""
-        if request.request_id in self._served:
-            return self._served[request.request_id][1]
+        return self._served_for(request).turn
+
+    def _served_for(self, request: CompletionRequest) -> _Served:
+        served = self._served.get(request.request_id)
+        if served is not None:
+            self._served.move_to_end(request.request_id)
+            return served
         for index, rule in enumerate(self.rules):
             if rule.is_match(request):
                 cursor = self._cursors.get((index, request.thread_id), 0)
@@ -233,16 +254,18 @@ class ScriptedModel:
                 break
         else:
             index, turn = -1, self._fallback(request)
-        self._served[request.request_id] = (index, turn)
-        return turn
+        served = self._served[request.request_id] = _Served(index, turn)
+        if len(self._served) > REMEMBERED_REQUESTS:
+            self._served.popitem(last=False)
+        return served
 
     def _fallback(self, request: CompletionRequest) -> ScriptedTurn:
         return EXHAUSTED if self.fallback is None else self.fallback(request)
 
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
-        turn = self.turn_for(request)
-        attempt = self._attempts.get(request.request_id, 0)
-        self._attempts[request.request_id] = attempt + 1
+        served = self._served_for(request)
+        turn, attempt = served.turn, served.attempts
+        served.attempts += 1
         if turn.permanent_failure:
             raise PermanentModelError(f"scripted permanent failure for request {request.request_id}")
         if attempt < turn.transient_failures:

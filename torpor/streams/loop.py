@@ -14,9 +14,11 @@ one method each, numbered here and in the bodies:
             value, to the input's partition number), and, at the commit, one checkpoint
             record per partition carrying the input offset the transaction commits
             (`restore.CHECKPOINT_KEY`).
-4. commit   every `commit_interval` seconds or `commit_every` records: flush (delivery
-            failures abort), `send_offsets_to_transaction` with fresh consumer group
-            metadata (KIP-447: a zombie is fenced), `commit_transaction`.
+4. commit   every `commit_interval` seconds or `commit_every` records, and at once when
+            a poll finds nothing more waiting (the next hop of a turn waits for this
+            commit; under load the interval and size bound the transaction): flush
+            (delivery failures abort), `send_offsets_to_transaction` with fresh consumer
+            group metadata (KIP-447: a zombie is fenced), `commit_transaction`.
 5. apply    only after the commit succeeded, each task writes its overlay to its store
             in one batch, with the changelog offset and the input offset it reaches.
             RocksDB may lag the transaction (restore catches it up), never lead it.
@@ -110,7 +112,8 @@ class LoopSettings:
     commit_every: int = 1000
     # Records per consume() call: one batch is folded partition by partition.
     max_batch: int = 500
-    # How long one consume() may block when nothing arrives; bounds the stop latency.
+    # How long the loop blocks for the next record when nothing is waiting; bounds the
+    # stop latency. A record that arrives ends the wait at once.
     poll_timeout: float = 0.1
     # The budget of one transaction phase (flush, send offsets, commit, abort).
     transaction_timeout: float = 10.0
@@ -197,15 +200,28 @@ class CheckpointLoop:
             on_lost=self._on_lost,
         )
         while not should_stop():
-            messages = self._consumer.consume(settings.max_batch, timeout=settings.poll_timeout)
+            # What is fetched already, without waiting: librdkafka's consume() blocks for
+            # its whole timeout unless the batch fills, which cost every checkpoint (and
+            # so every hop of a turn) the poll timeout.
+            messages = self._consumer.consume(settings.max_batch, timeout=0)
             if messages:
                 self._fold(messages)
             self._producer.poll(0)  # serve delivery reports between commits
-            if self._is_due():
+            if self._is_due() or (not messages and self._checkpoint is not None):
+                # Due by time or size under load; and at once when nothing more is waiting:
+                # the records of this checkpoint are what the next hop (the model stage, a
+                # connector, a reader of receipts) waits for.
                 self.commit_checkpoint(Deadline.after(settings.transaction_timeout))
-            if until_idle and not messages and self._is_idle():
+            if messages:
+                continue
+            if until_idle and self._is_idle():
                 log.info("caught up and idle: stopping", extra={"partition": sorted(self._owned)})
                 break
+            # Nothing waiting: block until one record arrives (a batch of one returns at
+            # once), at most the poll timeout, which bounds the stop latency.
+            first = self._consumer.consume(1, timeout=settings.poll_timeout)
+            if first:
+                self._fold(first)
         self.commit_checkpoint(Deadline.after(settings.transaction_timeout))
 
     def close(self) -> None:
