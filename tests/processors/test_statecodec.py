@@ -6,8 +6,9 @@ import dataclasses
 
 from tests.processors.fold_scenarios import config, create, user
 from torpor.processors.effects import RequestCompletion
-from torpor.processors.state import CallKind, PendingCall, Status
+from torpor.processors.state import CallKind, PendingCall, Status, ThreadState
 from torpor.processors.statecodec import (
+    decode,
     decode_entry,
     decode_input,
     decode_request,
@@ -20,7 +21,8 @@ from torpor.processors.statecodec import (
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import MemoryStore
 from torpor.processors.tables import load_state, read_entries
-from torpor.schemas.records import ImageBlock, Input, ThinkingBlock, UserMessage
+from torpor.schemas.codec import decode_value
+from torpor.schemas.records import HistoryEntry, ImageBlock, Input, ThinkingBlock, UserMessage
 
 
 def a_state():  # type: ignore[no-untyped-def]
@@ -38,20 +40,21 @@ def test_a_state_round_trips_with_enums_unions_and_deferred_inputs() -> None:
     )
     call = PendingCall("c1", "search", "{}", False, CallKind.TOOL, "r1", 5, 0)
     richer = dataclasses.replace(state, status=Status.AWAITING_TOOLS, deferred=(held,), pending_calls=(call,))
-    assert decode_state(encode_state(richer)) == richer
+    # The bytes themselves, decoded (decode_state would answer from its memo).
+    assert decode(ThreadState, encode_state(richer)) == richer
     assert encode_state(richer) == encode_state(dataclasses.replace(richer))
 
 
 def test_equal_states_give_equal_bytes_whatever_the_construction_order() -> None:
     _, state = a_state()
-    again = decode_state(encode_state(state))
-    assert encode_state(again) == encode_state(state)
+    again = decode(ThreadState, encode_state(state))
+    assert again is not state and encode_state(again) == encode_state(state)
 
 
 def test_history_entries_requests_and_inputs_round_trip() -> None:
     store, _ = a_state()
     for entry in read_entries(store, "t1"):
-        assert decode_entry(encode_entry(entry)) == entry
+        assert decode_value(encode_entry(entry), HistoryEntry) == entry
     request = RequestCompletion("r", "t1", "scripted", 3, 9)
     assert decode_request(encode_request(request)) == request
     item = Input("m", "t", 1, "user:u", None, None, None, user("hi"))
@@ -60,9 +63,27 @@ def test_history_entries_requests_and_inputs_round_trip() -> None:
 
 def test_thinking_and_text_blocks_stay_apart() -> None:
     # Same field name (`text`): the union is tagged by class, never guessed from the fields.
-    from torpor.schemas.records import AssistantEntry, HistoryEntry, TextBlock, Usage
+    from torpor.schemas.records import AssistantEntry, TextBlock, Usage
 
     entry = HistoryEntry(
         0, 1, "m", AssistantEntry((ThinkingBlock("hm", None), TextBlock("hi")), (), "m", Usage(1, 1, 2))
     )
-    assert decode_entry(encode_entry(entry)) == entry
+    assert decode_value(encode_entry(entry), HistoryEntry) == entry
+
+
+def test_a_thread_s_older_state_row_decodes_to_itself_not_to_the_latest_one() -> None:
+    _, state = a_state()
+    old = encode_state(state)
+    newer = dataclasses.replace(state, version=state.version + 1)
+    encode_state(newer)  # now the thread's latest known row
+    assert decode_state(old, state.thread_id) == state
+    assert decode_state(encode_state(newer), state.thread_id) is newer  # the memo's hit
+
+
+def test_a_memoised_entry_or_state_is_the_value_its_bytes_decode_to() -> None:
+    store, state = a_state()
+    for entry in read_entries(store, "t1"):
+        raw = encode_entry(entry)
+        assert decode_entry(raw) == decode_value(raw, HistoryEntry)
+    raw = encode_state(state)
+    assert decode_state(raw, state.thread_id) == decode(ThreadState, raw)

@@ -238,9 +238,10 @@ class ThreadTask:
             self._overlay = None
         requests, self._requests = self._requests, []
         stage = self.stage
-        if stage is not None:
-            for request in requests:  # committed now: the model may run (DESIGN 5)
-                self._processor.stages.call(functools.partial(stage.submit, request))
+        if stage is not None and requests:
+            # Committed now: the model may run (DESIGN 5). One hand-over per checkpoint,
+            # not per request: each wakes the stage's loop across threads.
+            self._processor.stages.call(functools.partial(_submit_all, stage, requests))
 
     def abort(self) -> None:
         if self._overlay is not None:
@@ -262,6 +263,11 @@ class ThreadTask:
     @property
     def in_flight(self) -> int:
         return self.stage.in_flight if self.stage is not None else 0
+
+
+def _submit_all(stage: ModelStage, requests: Sequence[RequestCompletion]) -> None:
+    for request in requests:
+        stage.submit(request)
 
 
 class Processor:

@@ -31,6 +31,7 @@ once per process: a request id already in flight is not started again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -216,6 +217,12 @@ class ModelStage:
                     case TextDelta(text=text):
                         deltas.add(text)
                     case Finished():
+                        # One more step ends a stream that keeps the contract (`Finished`
+                        # last), so every generator it wraps ends too, rather than being
+                        # finalized later by the loop's asyncgen hook: a thread-safe
+                        # wake-up of the loop per completion, a GIL hand-off in Kafka mode.
+                        with contextlib.suppress(StopAsyncIteration):
+                            await stream.__anext__()
                         return output
         finally:
             # Whatever text came is published before the turn (or its retry event).

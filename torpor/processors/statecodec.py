@@ -18,13 +18,14 @@ state is a private row of the processor, not a wire contract. History rows are w
 records, so they use the schemas codec (`encode_value`: Avro single-object encoding,
 deterministic for a schema and value, and readable after the schema evolves).
 
-Plans are computed once per class (`functools.cache`). Decoded states and history
-entries are memoised by their bytes in bounded LRU maps (`_Recent`): the model stage
-re-reads a thread's whole history for every completion and the step re-reads the state
-it wrote one checkpoint earlier, and every decoded value is a frozen dataclass, so
-sharing one between callers is safe. Encoding a state or an entry remembers the pair too
-(the value encodes to those bytes, so it is what they decode to): the next read of a row
-just written is a hit. The bound keeps the memory constant, not per agent.
+Plans are computed once per class (`functools.cache`). Decoded values are memoised:
+states per thread with the bytes they came from (`_Latest`), history entries by their
+bytes in a bounded LRU map (`_Recent`). The step re-reads the state it wrote one input
+earlier and the model stage reads the entries the step just appended; every decoded
+value is a frozen dataclass, so sharing one between callers is safe. Encoding a state or
+an entry remembers the pair too (the value encodes to those bytes, so it is what they
+decode to): the next read of a row just written is a hit. The bounds keep the memory
+constant, not per agent.
 An unsupported field type raises `TypeError` on first use: a bug in the record definitions, not bad input.
 """
 
@@ -193,8 +194,37 @@ class _Recent(typing.Generic[T]):
             self._values.popitem(last=False)
 
 
-# A few hundred threads' working set; a miss costs only the decode it would have done.
-_STATES: Final[_Recent[ThreadState]] = _Recent(1024)
+class _Latest:
+    """The last state row written or read per thread, with the bytes it came from.
+
+    A thread's state changes at every input, so memoising by bytes alone filled the map
+    with dead versions (four per turn); this keeps one per thread, the one the next read
+    finds. A hit needs the stored bytes to equal the row's: the store stays the truth.
+    Shared by the fold's thread and the model stage's, hence only single dict operations
+    (atomic under the GIL) and an eviction that tolerates a concurrent change.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._by_thread: dict[str, tuple[bytes, ThreadState]] = {}
+
+    def get(self, thread_id: str, raw: bytes) -> ThreadState | None:
+        hit = self._by_thread.get(thread_id)
+        return hit[1] if hit is not None and hit[0] == raw else None
+
+    def put(self, thread_id: str, raw: bytes, state: ThreadState) -> None:
+        self._by_thread.pop(thread_id, None)  # re-inserted last: evicted last
+        self._by_thread[thread_id] = (raw, state)
+        while len(self._by_thread) > self._capacity:
+            try:
+                self._by_thread.pop(next(iter(self._by_thread)), None)
+            except (RuntimeError, StopIteration):  # the other thread changed it meanwhile
+                break
+
+
+# Threads whose latest state is kept (a few waves of busy ones), and recent entries; a
+# miss costs only the decode it would have done.
+_STATES: Final = _Latest(8192)
 _ENTRIES: Final[_Recent[HistoryEntry]] = _Recent(4096)
 
 
@@ -205,12 +235,20 @@ def encode_state(state: ThreadState) -> bytes:
     it back: without this every such read was a miss and a full JSON decode.
     """
     raw = encode(state)
-    _STATES.put(raw, state)
+    _STATES.put(state.thread_id, raw, state)
     return raw
 
 
-def decode_state(raw: bytes) -> ThreadState:
-    return _STATES.get(bytes(raw), _decode_state)
+def decode_state(raw: bytes, thread_id: str | None = None) -> ThreadState:
+    """The state `raw` holds; served from memory when it is `thread_id`'s latest known row."""
+    raw = bytes(raw)
+    if thread_id is not None:
+        found = _STATES.get(thread_id, raw)
+        if found is not None:
+            return found
+    state = _decode_state(raw)
+    _STATES.put(state.thread_id, raw, state)
+    return state
 
 
 def _decode_state(raw: bytes) -> ThreadState:

@@ -31,7 +31,7 @@ from torpor.schemas.records import HistoryEntry, SummaryEntry
 def load_state(store: Store, thread_id: str) -> ThreadState | None:
     """The thread's state, or None when the thread does not exist (or was deleted)."""
     raw = store.get(keys.state_key(thread_id))
-    return None if raw is None else decode_state(raw)
+    return None if raw is None else decode_state(raw, thread_id)
 
 
 def is_seen(store: Store, thread_id: str, message_id: str) -> bool:
