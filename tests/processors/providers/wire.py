@@ -283,7 +283,10 @@ def stand_in_replies(api: str, text: str, failures: Sequence[int]) -> list[Reply
 
 def _print_request(recorded: Recorded) -> None:
     model, messages = recorded.body.get("model"), len(recorded.body.get("messages", []))
-    print(f"{recorded.method} {recorded.path} model={model} messages={messages}", flush=True)
+    # Whether a key came, never the key: Torpor sends "no-key" when none is configured.
+    sent = recorded.headers.get("authorization") or recorded.headers.get("x-api-key") or ""
+    key = "none" if not sent else "no-key" if sent.endswith("no-key") else "set"
+    print(f"{recorded.method} {recorded.path} model={model} messages={messages} key={key}", flush=True)
 
 
 async def _stand_in(server: WireServer) -> None:
