@@ -15,6 +15,7 @@ from torpor import __version__
 
 # command name -> "module:attribute" of a click command. One line per subcommand.
 COMMANDS: Final[dict[str, str]] = {
+    "approve": "torpor.cli.approve:approve",
     "broker": "torpor.cli.broker:broker",
     "connector": "torpor.cli.connector:connector",
     "demo": "torpor.cli.demo:demo",
@@ -23,6 +24,8 @@ COMMANDS: Final[dict[str, str]] = {
     "local": "torpor.cli.local:local",
     "processor": "torpor.cli.processor:processor",
     "replay": "torpor.cli.replay:replay",
+    "send": "torpor.cli.send:send",
+    "tail": "torpor.cli.tail:tail",
 }
 
 

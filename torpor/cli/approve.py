@@ -1,0 +1,92 @@
+"""`torpor approve APPROVAL_ID CHOICE`: a person's decision on a pending approval.
+
+Output contract: `decided <approval id> <choice> (message <id>)` once the broker
+acknowledged the `ApprovalDecision`; the fold then checks it (unknown approval, expired,
+not one of the choices: a `rejected:<reason>` receipt, shown by `torpor tail
+--receipts`) and dispatches the decision to the tool that asked. The thread comes from
+`--thread` (the `torpor tail` line of the request prints it) or is looked up on the
+events topic, which keeps a day by default; the message id is derived from the approval
+id and the choice, so approving twice is a duplicate, not a second decision.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from torpor.cli.send import default_source, envelope, produce_inputs
+from torpor.cli.settings import read_settings, settings_options
+from torpor.schemas.errors import TorporError
+from torpor.schemas.ids import derive_id
+from torpor.schemas.records import ApprovalDecision, ThreadEvent
+from torpor.streams.config import Settings
+from torpor.streams.deadline import Deadline
+from torpor.streams.observer import Observed, Observer
+
+LOOKUP_SECONDS = 60.0
+
+
+def requested(settings: Settings, approval_id: str) -> tuple[str, list[str]] | None:
+    """The thread and choices of the `approval_requested` event for `approval_id`, if retained."""
+    with Observer(settings) as observer:
+        found: tuple[str, list[str]] | None = None
+        for step in observer.read(
+            observer.start(at_end=False), until_end=True, deadline=Deadline.after(LOOKUP_SECONDS)
+        ):
+            item = step.item
+            if not (isinstance(item, Observed) and isinstance(event := item.record, ThreadEvent)):
+                continue
+            if event.kind == "approval_requested" and event.data:
+                data = json.loads(event.data)
+                if isinstance(data, dict) and data.get("approval_id") == approval_id:
+                    found = (event.thread_id, [str(c) for c in data.get("choices", [])])
+        return found
+
+
+@click.command("approve")
+@click.argument("approval_id")
+@click.argument("choice")
+@click.option(
+    "--thread", default=None, help="The thread that asked (default: look it up on the events topic)."
+)
+@click.option("--by", "decided_by", default=None, help="Who decides (default user:<login name>).")
+@settings_options
+def approve(
+    approval_id: str,
+    choice: str,
+    thread: str | None,
+    decided_by: str | None,
+    config_file: Path | None,
+    bootstrap: str | None,
+) -> None:
+    """Decide APPROVAL_ID with CHOICE (one of the choices the tool offered)."""
+    settings = read_settings(config_file, bootstrap)
+    who = decided_by or default_source()
+    try:
+        if thread is None:
+            found = requested(settings, approval_id)
+            if found is None:
+                raise click.ClickException(
+                    f"no approval {approval_id!r} on the events topic (expired from it, or never asked): "
+                    "pass --thread THREAD"
+                )
+            thread, choices = found
+            if choice not in choices:
+                raise click.UsageError(f"{choice!r} is not one of the choices {choices}")
+        message_id = derive_id(approval_id, "decision", choice)
+        produce_inputs(
+            settings,
+            [
+                envelope(
+                    thread,
+                    message_id,
+                    who if who.startswith("user:") else f"user:{who}",
+                    ApprovalDecision(approval_id=approval_id, choice=choice, decided_by=who),
+                )
+            ],
+        )
+    except TorporError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"decided {approval_id} {choice} (message {message_id})")

@@ -1,0 +1,262 @@
+"""`torpor send THREAD TEXT`: a user message to a thread, from the command line.
+
+Output contract: the message id of each input produced, one per line (`created <id>`
+first with `--new`), after the broker acknowledged it; exit 1 with the reason if it did
+not. The input goes to the thread's partition of `inputs` (Java-compatible murmur2, like
+every producer), source `user:<name>`. `--message-id` makes a retried send a duplicate
+the fold absorbs; without it every send is a new message.
+
+`--new` creates the thread first. Its configuration comes from `--thread-config FILE`
+(TOML, the keys below) and flags, flags winning::
+
+    model = "openai:gpt-4o-mini"        # or "anthropic:claude-...", "scripted"
+    instructions = "You are a careful build agent."
+    tools = ["echo", "run_command"]     # resolved from the toolsets topic
+    tenant = "default"
+    scopes = []
+    max_turns = 50
+    context_window = 200000
+    compaction_threshold = 0.75
+
+Tools are granted by name and resolved to their full definitions from the manifests
+connectors publish on `toolsets` (the fold never looks anything up): a name no connector
+published is an error that lists the ones that are.
+"""
+
+from __future__ import annotations
+
+import getpass
+import time
+import tomllib
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import click
+
+from torpor.cli.settings import read_settings, settings_options
+from torpor.connectors.manifest import read_toolsets
+from torpor.schemas.codec import Codec
+from torpor.schemas.errors import TorporError
+from torpor.schemas.ids import derive_id
+from torpor.schemas.records import (
+    Budgets,
+    Capability,
+    CreateThread,
+    Input,
+    InputBody,
+    TextBlock,
+    ThreadConfig,
+    ToolSpec,
+    UserMessage,
+)
+from torpor.streams.clients import make_producer
+from torpor.streams.config import Settings
+from torpor.streams.partitioner import partition_for
+from torpor.streams.topics import TopicNames
+
+FLUSH_SECONDS: Final = 30.0
+_CONFIG_KEYS: Final = frozenset(
+    {
+        "model",
+        "instructions",
+        "tools",
+        "tenant",
+        "scopes",
+        "max_turns",
+        "context_window",
+        "compaction_threshold",
+    }
+)
+
+
+def produce_inputs(settings: Settings, records: Sequence[Input]) -> None:
+    """Produce `records` to `inputs`, each on its thread's partition, in order; wait for the acks.
+
+    Raises `TorporError` if the topic is missing or the broker does not acknowledge them.
+    """
+    topic = TopicNames.for_prefix(settings.topics.prefix).inputs
+    producer = make_producer(settings)
+    metadata = producer.list_topics(topic, timeout=10.0).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        raise TorporError(
+            f"topic {topic} does not exist (is the topic prefix right, and has a processor "
+            "created the topics?)"
+        )
+    codec = Codec.from_url(settings.schema_registry.url)
+    failures: list[str] = []
+
+    def delivered(error: object, _: object) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    for record in records:
+        key = record.thread_id.encode("utf-8")
+        producer.produce(
+            topic,
+            key=key,
+            value=codec.encode(topic, record),
+            partition=partition_for(key, len(metadata.partitions)),
+            on_delivery=delivered,
+        )
+    if producer.flush(FLUSH_SECONDS) > 0:
+        raise TorporError(f"the broker did not acknowledge the input within {FLUSH_SECONDS:.0f} s")
+    if failures:
+        raise TorporError(f"the broker refused the input: {failures[0]}")
+
+
+def default_source() -> str:
+    return f"user:{getpass.getuser()}"
+
+
+def envelope(thread: str, message_id: str, source: str, body: InputBody) -> Input:
+    return Input(
+        message_id=message_id,
+        thread_id=thread,
+        created_at=time.time_ns() // 1_000_000,
+        source=source,
+        expires_at=None,
+        key_id=None,
+        signature=None,
+        body=body,
+    )
+
+
+def thread_config(options: dict[str, object], settings: Settings) -> ThreadConfig:
+    """The `ThreadConfig` of `options` (file keys, flags merged). Raises `click.UsageError` when wrong."""
+    unknown = set(options) - _CONFIG_KEYS
+    if unknown:
+        raise click.UsageError(f"unknown thread config keys {sorted(unknown)}; known: {sorted(_CONFIG_KEYS)}")
+    try:
+        names = [str(n) for n in _list(options.get("tools", []))]
+        tenant = str(options.get("tenant", "default"))
+        config = ThreadConfig(
+            model=str(options.get("model", "scripted")),
+            system_prompt=str(options.get("instructions", "")),
+            tools=_resolve(names, settings) if names else (),
+            capability=Capability(
+                tenant=tenant,
+                tools=tuple(names),
+                scopes=tuple(str(s) for s in _list(options.get("scopes", []))),
+                expires_at=None,
+            ),
+            budgets=Budgets(
+                max_turns=_int(options.get("max_turns", 50)),
+                max_children=None,
+                max_tool_retries=3,
+                max_invalid_calls=3,
+            ),
+            parent=None,
+            context_window=_int(options.get("context_window", 200_000)),
+            compaction_threshold=float(str(options.get("compaction_threshold", 0.75))),
+            allow_implicit_create=False,
+        )
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(f"bad thread config: {error}") from None
+    return config
+
+
+def _list(value: object) -> list[object]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r}")
+    return value
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _resolve(names: list[str], settings: Settings) -> tuple[ToolSpec, ...]:
+    try:
+        published = {spec.name: spec for m in read_toolsets(settings).values() for spec in m.specs}
+    except TorporError as error:
+        raise click.ClickException(f"cannot read the toolsets topic to resolve {names}: {error}") from None
+    missing = [n for n in names if n not in published]
+    if missing:
+        raise click.UsageError(
+            f"no connector published the tools {missing}; published: "
+            f"{sorted(published) or 'none (start the connectors first)'}"
+        )
+    return tuple(published[n] for n in names)
+
+
+@click.command("send")
+@click.argument("thread")
+@click.argument("text")
+@click.option(
+    "--new", is_flag=True, help="Create the thread first (with --thread-config and the flags below)."
+)
+@click.option(
+    "--thread-config",
+    "thread_config_file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="TOML file with the new thread's model, instructions, tools, tenant, budgets.",
+)
+@click.option("--model", default=None, help="The new thread's model (openai:<m>, anthropic:<m>, scripted).")
+@click.option("--tool", "tools", multiple=True, help="A tool to grant the new thread (repeatable).")
+@click.option("--instructions", default=None, help="The new thread's system prompt.")
+@click.option("--source", default=None, help="The input's source (default user:<login name>).")
+@click.option("--message-id", default=None, help="A stable id, so a retried send is a duplicate.")
+@settings_options
+def send(
+    thread: str,
+    text: str,
+    new: bool,
+    thread_config_file: Path | None,
+    model: str | None,
+    tools: tuple[str, ...],
+    instructions: str | None,
+    source: str | None,
+    message_id: str | None,
+    config_file: Path | None,
+    bootstrap: str | None,
+) -> None:
+    """Send TEXT to THREAD as a user message (with --new, create the thread first)."""
+    settings = read_settings(config_file, bootstrap)
+    who = source or default_source()
+    if not who.startswith("user:"):
+        raise click.UsageError(f"--source must be user:<name>, got {who!r} (other sources must sign)")
+    if not new and (thread_config_file or model or tools or instructions):
+        raise click.UsageError(
+            "--thread-config, --model, --tool and --instructions configure a new thread: add --new"
+        )
+    message_id = message_id or derive_id(thread, "send", uuid.uuid4().hex)
+    records: list[Input] = []
+    if new:
+        options: dict[str, object] = {}
+        if thread_config_file is not None:
+            try:
+                options.update(tomllib.loads(thread_config_file.read_text()))
+            except tomllib.TOMLDecodeError as error:
+                raise click.UsageError(f"{thread_config_file}: {error}") from None
+        options.update(
+            {
+                k: v
+                for k, v in (
+                    ("model", model),
+                    ("instructions", instructions),
+                    ("tools", list(tools) if tools else None),
+                )
+                if v is not None
+            }
+        )
+        config = thread_config(options, settings)
+        records.append(
+            envelope(
+                thread,
+                derive_id(message_id, "create"),
+                who,
+                CreateThread(config=config, inherited=(), initial=()),
+            )
+        )
+    records.append(envelope(thread, message_id, who, UserMessage((TextBlock(text),))))
+    try:
+        produce_inputs(settings, records)
+    except TorporError as error:
+        raise click.ClickException(str(error)) from None
+    for record in records:
+        click.echo(f"{'created' if isinstance(record.body, CreateThread) else 'sent'} {record.message_id}")
