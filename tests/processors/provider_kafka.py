@@ -8,7 +8,11 @@ while the processor (another process) talks to it.
 
 - `serving(replies)`: the wire server, started and stopped around a block;
 - `start_agent(...)`: create a thread on a model, say one thing, start both processes;
+- `wait_for(deployment, condition, what)`: `wait_until`, and on timeout the processor's
+  log as it is then (not as it was when the wait began);
 - `stop_cleanly(...)`: SIGTERM, and each process must exit 0;
+- `assert_one_receipt_each(deployment)`: every input record has exactly one receipt,
+  whatever its disposition (a `parked` one included), and no input was produced twice;
 - `streamed_turns(...)`: for each committed turn of a thread, the text its live `delta`
   events carried before the commit, beside the text the turn committed.
 """
@@ -20,17 +24,21 @@ import dataclasses
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final
 
 from tests.processors.providers import wire
 from tests.processors.test_processor import TORPOR, Deployment, _conversation
+from tests.waiting import wait_until
 from torpor.schemas.codec import decode_value
 from torpor.schemas.records import AssistantEntry, CreateThread, TextBlock, ThreadEvent
 
 # Starting and stopping the server is local; 10 s only bounds a broken loop.
 SERVER_CALL_S: Final = 10.0
+# A turn through the broker takes seconds; two minutes allows for a loaded 2-core machine.
+TURN_TIMEOUT_S: Final = 120.0
 
 
 @contextmanager
@@ -64,6 +72,14 @@ def start_agent(
     return processor, echo
 
 
+def wait_for(deployment: Deployment, condition: Callable[[], object], what: str) -> None:
+    """Wait for `condition`; on timeout, fail with `what` and the processor's log tail."""
+    try:
+        wait_until(condition, timeout=TURN_TIMEOUT_S, message=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; processor log:\n{deployment.log('processor')[-3000:]}") from None
+
+
 def stop_cleanly(deployment: Deployment, processor: subprocess.Popen[bytes],
                  echo: subprocess.Popen[bytes]) -> None:
     """SIGTERM both; each must exit 0 (a clean stop), or the assertion shows its log."""
@@ -71,6 +87,14 @@ def stop_cleanly(deployment: Deployment, processor: subprocess.Popen[bytes],
         process.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]
     assert echo.wait(timeout=60) == 0, deployment.log("echo")[-3000:]
+
+
+def assert_one_receipt_each(deployment: Deployment) -> None:
+    """One receipt per input record, of any disposition; no message id produced twice."""
+    inputs = Counter(i.message_id for i in deployment.inputs())
+    assert all(n == 1 for n in inputs.values()), f"produced twice: {inputs}"
+    receipts = Counter(r.input_id for r in deployment.receipts())
+    assert receipts == inputs, (inputs, receipts)
 
 
 def thread_events(deployment: Deployment, thread_id: str) -> list[ThreadEvent]:

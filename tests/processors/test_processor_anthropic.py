@@ -1,36 +1,58 @@
 """`torpor processor` with a real model client: the `anthropic` library against a local server.
 
 The server speaks the Messages API's streaming format (`tests/processors/providers/wire.py`).
-A thread whose model is `anthropic:claude-test` says "please ping" and the model, after
-a signed thinking block, calls `echo` three times in one turn: two valid calls, which the
-echo connector answers through Kafka, and one with arguments the tool's schema refuses,
-which the fold answers with an error result. The second turn answers in text; a second
-user message gets a third. The processor runs with `--anthropic-base-url` pointing at the
-server and its key in a variable named by `--anthropic-api-key-env`.
+The processor runs with `--anthropic-base-url` pointing at it; the echo connector
+answers through Kafka.
 
-Checked from the outside: the texts the turns committed and the live deltas streamed
-before each commit; what the server received (the thinking block and its signature sent
-back, every result with its `is_error`, the model name, the key); the model and usage
-each turn records; one receipt per input.
+The conversation: a thread on `anthropic:claude-test` says "please ping"; the model,
+after a signed thinking block and a redacted one, calls `echo` three times in one turn
+(two valid calls, answered by the connector, and one whose arguments the tool's schema
+refuses, answered by the fold with an error result); its second turn answers in text,
+and a second user message gets a third. Checked from the outside: the committed texts
+and the live deltas streamed before each commit; what the server received (thinking and
+signatures sent back, `is_error` per result, the thread's model name, the key from
+`--anthropic-api-key-env`); the model and usage each turn records; one receipt per input.
+
+The failures: an overloaded 529, then an `overloaded_error` in the middle of a stream,
+are retried (a `completion_retried` event each) and the third attempt commits; a 401
+makes an error Completion that parks the thread with the reason, and `unpark` asks again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from typing import Final
 
 import pytest
 
-from tests.processors.provider_kafka import serving, start_agent, stop_cleanly, streamed_turns, thread_events
+from tests.processors.provider_kafka import (
+    assert_one_receipt_each,
+    serving,
+    start_agent,
+    stop_cleanly,
+    streamed_turns,
+    thread_events,
+    wait_for,
+)
 from tests.processors.providers import wire
 from tests.processors.test_processor import (
     Deployment,
-    _assert_one_receipt_per_input,
     _input,
     deployment,
 )
-from tests.waiting import wait_until
-from torpor.schemas.records import AssistantEntry, TextBlock, ThinkingBlock, ToolCall, Usage, UserMessage
+from torpor.processors.providers.mapping_anthropic import REDACTED
+from torpor.schemas.records import (
+    AssistantEntry,
+    Completion,
+    Control,
+    TextBlock,
+    ThinkingBlock,
+    ToolCall,
+    Usage,
+    UserMessage,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -38,6 +60,7 @@ __all__ = ["deployment"]  # the fixture, shared with test_processor
 
 THINKING: Final = "Two texts to echo; the third call is a test of the schema."
 SIGNATURE: Final = "EqQBCgIYAhIMa2Fma2Etc2lnbmVkGgxzaWduYXR1cmUtMQ=="
+REDACTED_DATA: Final = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpP"
 KEY_VARIABLE: Final = "TORPOR_TEST_ANTHROPIC_KEY"
 KEY: Final = "sk-ant-kafka-test"
 ANSWERS: Final = ["Pinging twice.", "The echoes said ping and pong.", "You are welcome."]
@@ -58,14 +81,16 @@ def _thinking_then_three_calls() -> list[wire.JSON]:
         wire.ant_delta(0, {"type": "thinking_delta", "thinking": THINKING}),
         wire.ant_delta(0, {"type": "signature_delta", "signature": SIGNATURE}),
         wire.ant_block_stop(0),
-        wire.ant_block_start(1, {"type": "text", "text": ""}),
-        wire.ant_delta(1, {"type": "text_delta", "text": "Pinging "}),
-        {"type": "ping"},
-        wire.ant_delta(1, {"type": "text_delta", "text": "twice."}),
+        wire.ant_block_start(1, {"type": "redacted_thinking", "data": REDACTED_DATA}),
         wire.ant_block_stop(1),
-        *_tool_use(2, "toolu_ping", '{"text": "ping"}'),
-        *_tool_use(3, "toolu_pong", '{"text": ', '"pong"}'),
-        *_tool_use(4, "toolu_bad", '{"txt": "no such argument"}'),
+        wire.ant_block_start(2, {"type": "text", "text": ""}),
+        wire.ant_delta(2, {"type": "text_delta", "text": "Pinging "}),
+        {"type": "ping"},
+        wire.ant_delta(2, {"type": "text_delta", "text": "twice."}),
+        wire.ant_block_stop(2),
+        *_tool_use(3, "toolu_ping", '{"text": "ping"}'),
+        *_tool_use(4, "toolu_pong", '{"text": ', '"pong"}'),
+        *_tool_use(5, "toolu_bad", '{"txt": "no such argument"}'),
         *wire.ant_end("tool_use", 90),
     ]
 
@@ -97,11 +122,9 @@ def test_an_anthropic_model_completes_a_multi_turn_tool_calling_conversation_in_
         processor, echo = start_agent(deployment, thread_id, "anthropic:claude-test", "please ping",
                                       "--anthropic-base-url", server.url,
                                       "--anthropic-api-key-env", KEY_VARIABLE)
-        wait_until(lambda: deployment.answers(thread_id) == ANSWERS[:2], timeout=120,
-                   message=f"the first two turns; processor log:\n{deployment.log('processor')[-3000:]}")
+        wait_for(deployment, lambda: deployment.answers(thread_id) == ANSWERS[:2], "the first two turns")
         deployment.send(_input(thread_id, f"{thread_id}-thanks", 3_000, UserMessage((TextBlock("Thanks!"),))))
-        wait_until(lambda: deployment.answers(thread_id) == ANSWERS, timeout=120,
-                   message=f"the third turn; processor log:\n{deployment.log('processor')[-3000:]}")
+        wait_for(deployment, lambda: deployment.answers(thread_id) == ANSWERS, "the third turn")
         stop_cleanly(deployment, processor, echo)
         requests = server.requests
 
@@ -119,6 +142,7 @@ def test_an_anthropic_model_completes_a_multi_turn_tool_calling_conversation_in_
     assert assistant["role"] == "assistant"
     assert assistant["content"] == [
         {"type": "thinking", "thinking": THINKING, "signature": SIGNATURE},  # first, as the API requires
+        {"type": "redacted_thinking", "data": REDACTED_DATA},  # verbatim
         {"type": "text", "text": "Pinging twice."},
         {"type": "tool_use", "id": "toolu_ping", "name": "echo", "input": {"text": "ping"}},
         {"type": "tool_use", "id": "toolu_pong", "name": "echo", "input": {"text": "pong"}},
@@ -143,7 +167,8 @@ def test_an_anthropic_model_completes_a_multi_turn_tool_calling_conversation_in_
     assert [t.model for t in turns] == [f"anthropic:{wire.ANT_MODEL}"] * 3
     # Input tokens count cache reads; output tokens are the last message_delta's.
     assert [t.usage for t in turns] == [Usage(150, 90, 240), Usage(25, 15, 40), Usage(25, 15, 40)]
-    assert turns[0].content[0] == ThinkingBlock(THINKING, SIGNATURE)
+    assert turns[0].content[:2] == (ThinkingBlock(THINKING, SIGNATURE),
+                                    ThinkingBlock("", REDACTED + REDACTED_DATA))
     assert turns[0].tool_calls == (
         ToolCall("toolu_ping", "echo", '{"text": "ping"}'),
         ToolCall("toolu_pong", "echo", '{"text": "pong"}'),
@@ -151,5 +176,65 @@ def test_an_anthropic_model_completes_a_multi_turn_tool_calling_conversation_in_
     )
     dispatched = sorted(d.call_id for d in deployment.dispatches() if d.thread_id == thread_id)
     assert dispatched == ["toolu_ping", "toolu_pong"]  # the refused call never reaches a connector
-    _assert_one_receipt_per_input(deployment)
+    assert_one_receipt_each(deployment)
     assert {r.disposition for r in deployment.receipts()} == {"applied"}
+
+
+def _overloaded_mid_stream() -> list[wire.JSON]:
+    return [
+        wire.ant_start(),
+        wire.ant_block_start(0, {"type": "text", "text": ""}),
+        wire.ant_delta(0, {"type": "text_delta", "text": "Partial "}),
+        wire.ant_error("overloaded_error", "Overloaded"),
+    ]
+
+
+def test_anthropic_overload_is_retried_and_an_authentication_error_parks_the_thread(
+    deployment: Deployment,
+) -> None:
+    thread_id = f"anthropic-fail-{uuid.uuid4().hex[:8]}"
+    replies = [
+        wire.json_reply(529, wire.ant_error("overloaded_error", "Overloaded")),
+        wire.Reply(body=wire.anthropic_sse(_overloaded_mid_stream())),
+        wire.Reply(body=wire.anthropic_sse(wire.ant_text("Recovered after ", "two retries."))),
+        wire.json_reply(401, wire.ant_error("authentication_error", "invalid x-api-key")),
+        wire.Reply(body=wire.anthropic_sse(wire.ant_text("Back ", "again."))),
+    ]
+    with serving(replies) as server:
+        processor, echo = start_agent(deployment, thread_id, "anthropic:claude-test", "hello",
+                                      "--anthropic-base-url", server.url)
+        first, last = "Recovered after two retries.", "Back again."
+        wait_for(deployment, lambda: deployment.answers(thread_id) == [first], "the turn after two retries")
+        again = UserMessage((TextBlock("Once more."),))
+        deployment.send(_input(thread_id, f"{thread_id}-again", 3_000, again))
+        wait_for(deployment, lambda: any(e.kind == "parked" for e in thread_events(deployment, thread_id)),
+                 "parked by the 401")
+        unpark = _input(thread_id, f"{thread_id}-unpark", 4_000, Control("unpark", None, None, "key fixed"))
+        deployment.send(dataclasses.replace(unpark, source="operator:test"))
+        wait_for(deployment, lambda: deployment.answers(thread_id) == [first, last], "the turn after unpark")
+        stop_cleanly(deployment, processor, echo)
+        requests = [r.body for r in server.requests]
+
+    assert len(requests) == 5
+    assert requests[0] == requests[1] == requests[2]  # a retry sends the same request
+    assert requests[3] == requests[4]  # unpark asks the same question again
+    assert [m["role"] for m in requests[3]["messages"]] == ["user", "assistant", "user"]
+    events = thread_events(deployment, thread_id)
+    retried = [json.loads(e.data or "{}") for e in events if e.kind == "completion_retried"]
+    assert [(r["attempt"], r["retry_in_s"]) for r in retried] == [(1, 0.5), (2, 1.0)]
+    assert all("overloaded" in r["error"] for r in retried), retried
+    (parked,) = [e for e in events if e.kind == "parked"]
+    assert (parked.text or "").startswith(
+        "completion_failed:permanent: authentication_error (401): invalid x-api-key"), parked
+    # The failed attempt's delta was live output already; the committed turn holds only
+    # what the successful attempt said.
+    assert streamed_turns(deployment, thread_id) == [
+        ("Partial Recovered after two retries.", "Recovered after two retries."),
+        ("Back again.", "Back again."),
+    ]
+    failed = [i.body for i in deployment.inputs()
+              if i.thread_id == thread_id and isinstance(i.body, Completion) and i.body.error is not None]
+    assert [(c.error.kind, c.error.attempts) for c in failed if c.error] == [("permanent", 1)]
+    assert_one_receipt_each(deployment)
+    dispositions = [r.disposition for r in deployment.receipts() if r.thread_id == thread_id]
+    assert sorted(dispositions) == ["applied"] * 6 + ["parked"], dispositions

@@ -12,10 +12,9 @@ import uuid
 
 import pytest
 
-from tests.processors.provider_kafka import serving, start_agent, stop_cleanly
+from tests.processors.provider_kafka import serving, start_agent, stop_cleanly, wait_for
 from tests.processors.providers import wire
 from tests.processors.test_processor import Deployment, deployment
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -39,8 +38,8 @@ def test_an_openai_model_completes_a_tool_calling_turn_in_kafka_mode(deployment:
     with serving(replies) as server:
         processor, echo = start_agent(deployment, thread_id, "openai:gpt-test", "please ping",
                                       "--openai-base-url", f"{server.url}/v1")
-        wait_until(lambda: deployment.answers(thread_id) == ["Pinging.", "The echo said ping."], timeout=120,
-                   message=f"both turns; processor log:\n{deployment.log('processor')[-3000:]}")
+        wait_for(deployment, lambda: deployment.answers(thread_id) == ["Pinging.", "The echo said ping."],
+                 "both turns")
         first, second = server.requests
         assert first.path == "/v1/chat/completions" and first.body["model"] == "gpt-test"
         assert first.body["tools"][0]["function"]["name"] == "echo"
