@@ -23,14 +23,12 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.processors.test_processor import PARTITIONS, TORPOR, Deployment
+from tests.cli.rig import deploy, send, settings_of, start_thread
+from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 from torpor.schemas.records import AssistantEntry, TextBlock, ThreadEvent
-from torpor.streams.admin import ensure_topics
-from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
 from torpor.streams.observer import Observed, Observer, Snapshot
-from torpor.streams.topics import TopicNames
 
 pytestmark = pytest.mark.kafka
 
@@ -64,38 +62,8 @@ turns = [{{ chunks = {_SLOW}, delay_s = 4.0 }}]
 
 @pytest.fixture
 def deployment(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Deployment]:
-    found = Deployment(kafka_bootstrap, tmp_path, prefix=f"test.tail.{uuid.uuid4().hex[:10]}.")
-    settings = found_settings(found)
-    ensure_topics(admin, settings, Deadline.after(60))
-    script = tmp_path / "tail-script.toml"
-    script.write_text(SCRIPT)
-    found.start([TORPOR, "processor", "--instance", "p0", "--app", f"app-{found.prefix}", "--store-dir",
-                 str(tmp_path / "stores"), "--script", str(script)], "processor")
-    found.start([TORPOR, "connector", "run-echo", "--group", f"echo-{found.prefix}", "--journal-dir",
-                 str(tmp_path / "journal")], "echo")
-    yield found
-    found.stop_all()
-    for future in admin.delete_topics(list(TopicNames.for_prefix(found.prefix).all()),
-                                      operation_timeout=30).values():
-        future.result(timeout=60)
-
-
-def found_settings(deployment: Deployment) -> Settings:
-    return Settings(kafka=KafkaSettings(bootstrap_servers=deployment.bootstrap),
-                    topics=TopicSettings(prefix=deployment.prefix, partitions=PARTITIONS))
-
-
-def send(deployment: Deployment, thread: str, text: str, *extra: str) -> str:
-    done = deployment.run([TORPOR, "send", thread, text, *extra])
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def start_conversation(deployment: Deployment, thread: str) -> None:
-    # The echo connector publishes its manifest when it starts; `send --new` resolves the tool from it.
-    wait_until(lambda: deployment.run([TORPOR, "send", thread, "please ping (turn 1)", "--new", "--tool",
-                                       "echo", "--model", "scripted"]).returncode == 0,
-               timeout=60, message=f"send --new; echo log:\n{deployment.log('echo')[-2000:]}")
+    with deploy(kafka_bootstrap, admin, tmp_path, SCRIPT, "torpor.connectors.echo:EchoTool") as found:
+        yield found
 
 
 def answers(deployment: Deployment, thread: str) -> int:
@@ -130,7 +98,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 def test_a_reattached_tail_continues_without_gap_or_repeat(deployment: Deployment, tmp_path: Path) -> None:
     thread = f"agent-{uuid.uuid4().hex[:8]}"
-    start_conversation(deployment, thread)
+    start_thread(deployment, thread, "please ping (turn 1)", "echo")
     wait_until(lambda: answers(deployment, thread) == 1, timeout=120,
                message=f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
 
@@ -174,11 +142,11 @@ def test_a_reattached_tail_continues_without_gap_or_repeat(deployment: Deploymen
 
 def test_a_snapshot_mid_completion_holds_the_partial_text_and_follow_the_rest(deployment: Deployment) -> None:
     thread = f"agent-{uuid.uuid4().hex[:8]}"
-    start_conversation(deployment, thread)
+    start_thread(deployment, thread, "please ping (turn 1)", "echo")
     wait_until(lambda: answers(deployment, thread) == 1, timeout=120,
                message=f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
     send(deployment, thread, "take your time")
-    with Observer(found_settings(deployment)) as observer:
+    with Observer(settings_of(deployment)) as observer:
         def streaming() -> Snapshot | None:
             taken = observer.snapshot(thread)
             return taken if taken.partial else None

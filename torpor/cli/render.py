@@ -31,6 +31,7 @@ from torpor.schemas.records import (
 from torpor.streams.observer import Item, Observed
 
 WIDTH = 110
+APPROVAL = "approval?"
 # Events whose entry says it all: the kind column names the entry, not the event.
 _ENTRY_KINDS = {
     UserEntry: "user",
@@ -134,7 +135,9 @@ class Renderer:
         name = self.name(thread_id)
         indent = "  " * name.count("/")
         when = datetime.fromtimestamp(created_at / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
-        return f"{when}  {indent}{name:<{max(28 - len(indent), 8)}} {kind:<16} {_short(text)}"
+        # An approval's line ends in the command that decides it: never cut, so it can be copied.
+        shown = _short(text, 10_000 if kind == APPROVAL else WIDTH)
+        return f"{when}  {indent}{name:<{max(28 - len(indent), 8)}} {kind:<16} {shown}"
 
     def state(self) -> dict[str, object]:
         return {"root": self.root, "names": dict(self.names)}
@@ -155,7 +158,7 @@ def _event(event: ThreadEvent) -> tuple[str, str]:
         return kind, f"#{event.entry.seq} {entry_text(event.entry)}"
     if event.kind == "approval_requested" and isinstance(data, dict):
         choices = "|".join(str(c) for c in data.get("choices", []))
-        return "approval?", (
+        return APPROVAL, (
             f"{event.text or ''} -> torpor approve {data.get('approval_id')} {{{choices}}}"
             f"{' --thread ' + event.thread_id}"
         )
