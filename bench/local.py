@@ -26,7 +26,7 @@ from typing import Final
 from bench.measure import EIGHT_GB, dir_bytes, idle_agents_in, plot_rss, rss_bytes, slope, write_csv
 from bench.retention import RetainedLog
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
-from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
+from torpor.processors.local import LocalConfig, LocalRuntime, now_ms, tune_collector
 from torpor.schemas.records import Completion, Input
 from torpor.streams.log import LogRecord
 
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.agents < 1 or args.turns < 1 or args.wave < 1:
         parser.error("--agents, --turns and --wave must be at least 1")
     store_dir = args.store_dir or Path(tempfile.mkdtemp(prefix="torpor-bench-local-"))
+    tune_collector()  # this process runs the runtime, as `torpor processor` does its own
     try:
         rows, summary = asyncio.run(run(args.agents, args.turns, args.wave, store_dir, args.batch_size))
     finally:

@@ -280,9 +280,9 @@ def test_a_thread_deleted_and_created_again_is_not_served_its_old_history() -> N
     assert fresh != old
 
 
-def test_the_history_cache_keeps_at_most_its_capacity_of_threads() -> None:
+def test_the_history_cache_keeps_at_most_its_capacity_of_entries() -> None:
     store = MemoryStore()
-    cache = HistoryCache(capacity=2)
+    cache = HistoryCache(capacity=2)  # entries: one thread's creation writes one
     for i in range(5):
         item = Input(f"m{i}", f"t{i}", 1, "user:u", None, None, None, create(initial="go"))
         (request,) = step(store, [StepRecord(item, 0, i)]).completions

@@ -24,6 +24,7 @@ them and passes them in through the `Connectors` Protocol.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import shutil
 import tempfile
@@ -55,6 +56,18 @@ every append to `inputs` and every finished model call wakes it at once."""
 def now_ms() -> int:
     """Wall-clock milliseconds since the epoch: local mode's one clock."""
     return time.time_ns() // 1_000_000
+
+
+COLLECTOR_THRESHOLDS: Final = (20_000, 20, 20)
+"""Python's cyclic collector, for a process that runs a runtime: the defaults (700, 10, 10)
+made it scan every live object (the caches, local mode's log) again and again, about 14%
+of a local benchmark's time, while the fold's values (frozen dataclasses, tuples) hold no
+cycles. A young collection every 20,000 allocations cut that to 4%."""
+
+
+def tune_collector() -> None:
+    """Set `COLLECTOR_THRESHOLDS` for this process (its entry point calls this, once)."""
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
 class Connectors(Protocol):

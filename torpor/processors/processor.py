@@ -40,7 +40,7 @@ from typing import Final
 from confluent_kafka import Producer
 
 from torpor.processors.effects import RequestCompletion
-from torpor.processors.local import now_ms
+from torpor.processors.local import now_ms, tune_collector
 from torpor.processors.model import ModelProvider
 from torpor.processors.outputs import OutputWriter
 from torpor.processors.stage import ModelStage, StageConfig
@@ -328,7 +328,9 @@ class Processor:
         """Fold until `should_stop()` (or idle, with `until_idle`); then close cleanly.
 
         Raises the loop's fatal errors (module docstring) after stopping the stage.
+        The process is the processor's: its garbage collector is tuned (`tune_collector`).
         """
+        tune_collector()
         try:
             self.loop.run(should_stop, until_idle=until_idle)
             self.loop.close()

@@ -71,17 +71,17 @@ class StageConfig:
     # Coalescing of live deltas: a person reading a tail cannot tell 50 ms apart, and a
     # provider streams a chunk every few ms. 0 publishes every delta as it comes.
     delta_window_s: float = 0.05
-    # Decoded histories kept for the next completion of the same thread (`HistoryCache`):
-    # a few waves of busy threads; each holds its history's decoded entries.
-    history_cache_threads: int = 1024
+    # Decoded history entries kept for the next completion of the same threads
+    # (`HistoryCache`): a few hundred busy threads of ~100 entries, some tens of MB.
+    history_cache_entries: int = 32_768
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_attempts < 1:
             raise ValueError("the model stage needs concurrency >= 1 and max_attempts >= 1")
         if not 0 <= self.backoff_initial_s <= self.backoff_max_s:
             raise ValueError("backoff must satisfy 0 <= initial <= max")
-        if self.delta_window_s < 0 or self.history_cache_threads < 0:
-            raise ValueError("delta_window_s and history_cache_threads must not be negative")
+        if self.delta_window_s < 0 or self.history_cache_entries < 0:
+            raise ValueError("delta_window_s and history_cache_entries must not be negative")
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based)."""
@@ -118,7 +118,7 @@ class ModelStage:
         self.config = config or StageConfig()
         self._gate = asyncio.Semaphore(self.config.concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._histories = HistoryCache(self.config.history_cache_threads)
+        self._histories = HistoryCache(self.config.history_cache_entries)
 
     def submit(self, request: RequestCompletion) -> bool:
         """Start `request` (committed) unless it is already in flight; True if started."""

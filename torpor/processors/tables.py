@@ -120,7 +120,8 @@ class HistoryCache:
     under the same id has another chain, and is read afresh. Served from the cache: a
     request covering the whole stored history of a thread without a summary (the common
     case); anything else is read as `visible_entries` reads it. At most `capacity`
-    threads are kept, least recently served evicted: the memory is bounded, not per agent.
+    entries are kept, the least recently served threads evicted first: the memory is
+    bounded, not per agent.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -128,6 +129,7 @@ class HistoryCache:
             raise ValueError(f"a history cache needs capacity >= 0, not {capacity}")
         self._capacity = capacity
         self._threads: OrderedDict[str, _Cached] = OrderedDict()
+        self._entries = 0  # held over all threads
 
     def visible(self, store: Store, state: ThreadState, up_to_seq: int) -> tuple[HistoryEntry, ...]:
         """What `visible_entries(store, thread, 0, up_to_seq)` returns, for `state`'s thread."""
@@ -140,18 +142,23 @@ class HistoryCache:
             return visible_entries(store, thread_id, 0, up_to_seq)
         cached = self._threads.pop(thread_id, None)
         entries: tuple[HistoryEntry, ...] | None = None
-        if cached is not None and cached.length <= up_to_seq:
-            new = tuple(read_entries(store, thread_id, cached.length, up_to_seq))
-            if chain(new, cached.head) == state.head:
-                entries = cached.entries + new
+        if cached is not None:
+            self._entries -= len(cached.entries)
+            if cached.length <= up_to_seq:
+                new = tuple(read_entries(store, thread_id, cached.length, up_to_seq))
+                if chain(new, cached.head) == state.head:
+                    entries = cached.entries + new
         if entries is None:
             entries = tuple(read_entries(store, thread_id, 0, up_to_seq))
             if chain(entries) != state.head:
                 return entries  # read while the thread changed under us: serve it, do not keep it
         self._threads[thread_id] = _Cached(up_to_seq, state.head, entries)
-        if len(self._threads) > self._capacity:
-            self._threads.popitem(last=False)
+        self._entries += len(entries)
+        while self._entries > self._capacity and self._threads:
+            _, evicted = self._threads.popitem(last=False)
+            self._entries -= len(evicted.entries)
         return entries
 
     def __len__(self) -> int:
+        """How many threads are held."""
         return len(self._threads)
