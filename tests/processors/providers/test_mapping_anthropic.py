@@ -185,6 +185,16 @@ def test_thinking_text_and_tool_use_events_fold_into_one_turn() -> None:
     )
 
 
+def test_input_counts_in_the_last_message_delta_replace_those_of_message_start() -> None:
+    end, stop = wire.ant_end("end_turn", 12)
+    # Cumulative counts; a null one (the cache write here) keeps message_start's value.
+    end["usage"].update(input_tokens=45, cache_creation_input_tokens=None, cache_read_input_tokens=80)
+    events = [wire.ant_start(input_tokens=30, cache_read=70), *wire.ant_text("Hi.")[1:-2], end, stop]
+    events[0]["message"]["usage"]["cache_creation_input_tokens"] = 5
+    _, turn = _fold(events)
+    assert turn.finished().usage == Usage(45 + 5 + 80, 12, 45 + 5 + 80 + 12)
+
+
 def test_redacted_thinking_is_kept_for_the_next_request() -> None:
     events = [
         wire.ant_start(),

@@ -20,7 +20,8 @@ kept as `ThinkingBlock(text="", signature=REDACTED + data)` and turned back here
 Responses. `MessageTurn` folds the raw stream events (`message_start`,
 `content_block_*`, `message_delta`, `message_stop`) into one `Finished`: text, thinking
 with its signature, tool calls with their streamed JSON input, and usage (input tokens
-counting cache reads and writes, output tokens from the last `message_delta`). A stream
+counting cache reads and writes, output tokens from the last `message_delta`, which also
+updates the input counts it carries). A stream
 without `message_stop` is not a turn: `finished()` raises `IncompleteStreamError`.
 """
 
@@ -186,7 +187,11 @@ class MessageTurn:
 
     model: str
     blocks: dict[int, _Block] = field(default_factory=dict)
-    input_tokens: int = 0
+    # The three parts of the input, kept apart because a `message_delta` may update any
+    # of them (cumulative counts; a null one leaves the last value standing).
+    uncached_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_read_tokens: int = 0
     output_tokens: int = 0
     stop_reason: str | None = None
     stopped: bool = False
@@ -198,9 +203,9 @@ class MessageTurn:
                 message = event.message
                 self.model = message.model or self.model
                 u = message.usage
-                self.input_tokens = (
-                    u.input_tokens + (u.cache_creation_input_tokens or 0) + (u.cache_read_input_tokens or 0)
-                )
+                self.uncached_tokens = u.input_tokens
+                self.cache_write_tokens = u.cache_creation_input_tokens or 0
+                self.cache_read_tokens = u.cache_read_input_tokens or 0
                 self.output_tokens = u.output_tokens
             case "content_block_start":
                 start = event.content_block
@@ -230,13 +235,26 @@ class MessageTurn:
                     block.text.append(delta.partial_json)
             case "message_delta":
                 self.stop_reason = event.delta.stop_reason or self.stop_reason
-                # Cumulative, so the last one is the turn's count.
-                self.output_tokens = event.usage.output_tokens
+                # Cumulative, so the last one is the turn's count. The input counts come
+                # again when they changed during the turn (server tools): take them too.
+                d = event.usage
+                self.output_tokens = d.output_tokens
+                if d.input_tokens is not None:
+                    self.uncached_tokens = d.input_tokens
+                if d.cache_creation_input_tokens is not None:
+                    self.cache_write_tokens = d.cache_creation_input_tokens
+                if d.cache_read_input_tokens is not None:
+                    self.cache_read_tokens = d.cache_read_input_tokens
             case "message_stop":
                 self.stopped = True
             case _:
                 pass
         return None
+
+    @property
+    def input_tokens(self) -> int:
+        """What the context held: uncached input plus cache writes and cache reads."""
+        return self.uncached_tokens + self.cache_write_tokens + self.cache_read_tokens
 
     def finished(self) -> Finished:
         """The whole turn. Raises `IncompleteStreamError` if `message_stop` never arrived."""
