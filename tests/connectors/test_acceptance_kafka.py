@@ -15,7 +15,6 @@ was rejected, each call has exactly one applied result, and the agent said it wa
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -25,7 +24,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp import StdioServerParameters
 
@@ -48,6 +46,7 @@ from torpor.schemas.records import (
     ToolResult,
     UserMessage,
 )
+from torpor.schemas.signer import public_key_bytes, write_private_key
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -105,11 +104,8 @@ def _script(url: str) -> str:
 def _key(root: Path, key_id: str, source: str) -> tuple[Path, KeyVersion]:
     key = Ed25519PrivateKey.generate()
     pem = root / f"{key_id}.pem"
-    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()))
-    os.chmod(pem, 0o600)
-    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return pem, KeyVersion(key_id=key_id, public_key=public, sources=(source,))
+    write_private_key(pem, key)
+    return pem, KeyVersion(key_id=key_id, public_key=public_key_bytes(key), sources=(source,))
 
 
 def test_an_agent_uses_four_tools_through_kafka_across_a_connector_restart(

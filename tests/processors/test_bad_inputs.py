@@ -18,7 +18,6 @@ of that genuine answer is a `duplicate`.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import uuid
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from torpor.schemas.records import (
     Usage,
     UserMessage,
 )
+from torpor.schemas.signer import write_private_key
 
 pytestmark = pytest.mark.kafka
 
@@ -90,9 +90,7 @@ def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Ed25
     """The echo connector's key (its PEM file) and a key ring trusting it for `echo`."""
     echo_key = Ed25519PrivateKey.generate()
     pem = tmp_path / "echo-1.pem"
-    pem.write_bytes(echo_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    os.chmod(pem, 0o600)
+    write_private_key(pem, echo_key)
 
     def version(key_id: str, tools: tuple[str, ...]) -> KeyVersion:
         return KeyVersion(key_id=key_id, public_key=_raw(echo_key), sources=("connector:echo",),
@@ -100,9 +98,7 @@ def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Ed25
 
     processor_key = Ed25519PrivateKey.generate()
     processor_pem = tmp_path / "proc-1.pem"
-    processor_pem.write_bytes(processor_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    os.chmod(processor_pem, 0o600)
+    write_private_key(processor_pem, processor_key)
     ring = tmp_path / "keyring.toml"
     ring.write_text(keyring_toml(KeyRing((
         version("echo-1", ("echo",)), version("search-1", ("search",)),

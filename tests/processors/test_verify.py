@@ -31,6 +31,7 @@ from torpor.schemas.records import (
     ToolResult,
     ToolSpec,
 )
+from torpor.schemas.signer import write_private_key
 from torpor.streams.config import InputSettings
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -251,9 +252,8 @@ def test_verifier_for_names_an_unreadable_key_ring(tmp_path: Path) -> None:
 
 def _pem(tmp_path: Path, key: Ed25519PrivateKey, name: str = "proc.pem") -> Path:
     path = tmp_path / name
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
+    path.unlink(missing_ok=True)  # a test may write the processor's key more than once
+    write_private_key(path, key)
     return path
 
 

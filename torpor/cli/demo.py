@@ -32,7 +32,6 @@ from typing import Final
 
 import click
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from torpor.cli.settings import read_settings, settings_options
@@ -56,6 +55,7 @@ from torpor.schemas.records import (
     ThreadEvent,
     UserMessage,
 )
+from torpor.schemas.signer import public_key_bytes, write_private_key
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin, make_consumer, make_producer
 from torpor.streams.config import Settings
@@ -136,13 +136,9 @@ def _keys(root: Path) -> Path:
     for key_id, source, tool in (("demo-echo", "connector:echo", "echo"), ("demo-timer", "timer", "timer"),
                                  ("demo-processor", "processor", "*")):
         key = Ed25519PrivateKey.generate()
-        pem = root / f"{key_id}.pem"
-        pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-        os.chmod(pem, 0o600)
-        public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        versions.append(KeyVersion(key_id=key_id, public_key=public, sources=(source,), tools=(tool,),
-                                   tenants=("demo",), valid_from=0, valid_until=None))
+        write_private_key(root / f"{key_id}.pem", key)
+        versions.append(KeyVersion(key_id=key_id, public_key=public_key_bytes(key), sources=(source,),
+                                   tools=(tool,), tenants=("demo",), valid_from=0, valid_until=None))
     ring = root / "keyring.toml"
     ring.write_text(keyring_toml(KeyRing(tuple(versions))))
     return ring

@@ -14,12 +14,10 @@ that exists or cannot be written).
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from pathlib import Path
 
 import click
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from torpor.schemas.errors import ConfigError
@@ -33,7 +31,7 @@ from torpor.schemas.keyring import (
     ms_to_text,
     parse_keyring,
 )
-from torpor.schemas.signer import public_key_bytes
+from torpor.schemas.signer import public_key_bytes, write_private_key
 
 keyring_option = click.option(
     "--keyring",
@@ -57,17 +55,6 @@ def _parse_time(text: str | None, option: str) -> int | None:
         ) from None
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint=option) from None
-
-
-def _write_private_key(path: Path, key: Ed25519PrivateKey) -> None:
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    # O_EXCL: never overwrite a key that may already be in use; mode 0600 from the first
-    # byte, so there is no moment when the file is readable by others.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(pem)
 
 
 @click.group()
@@ -135,7 +122,7 @@ def new(
     key_path = out_dir / f"{key_id}.pem"
     try:
         out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_private_key(key_path, private_key)
+        write_private_key(key_path, private_key)
     except FileExistsError:
         raise click.ClickException(f"{key_path} exists; choose another --id or --out-dir") from None
     except OSError as exc:

@@ -15,6 +15,7 @@ inputs and model completions (source `processor`).
 
 from __future__ import annotations
 
+import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,21 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     if not isinstance(key, Ed25519PrivateKey):
         raise ConfigError(f"signing key {path}: holds a {type(key).__name__}, not an Ed25519 key")
     return key
+
+
+def write_private_key(path: Path, key: Ed25519PrivateKey) -> None:
+    """Write `key` to a new PEM file `path` that `load_private_key` accepts.
+
+    Raises `FileExistsError` if `path` exists: a key that may be in use is never overwritten.
+    """
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    # O_EXCL refuses an existing file; mode 0600 from the first byte, so there is no moment
+    # when the key is readable by others.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
 
 
 def public_key_bytes(private_key: Ed25519PrivateKey) -> bytes:
