@@ -225,14 +225,20 @@ class Observer:
 
     def follow(self, position: Position, *, threads: Iterable[str] | None = None,
                deadline: Deadline | None = None) -> Iterator[Item]:
-        """Every record after `position` (and on partitions it does not name, from the start).
+        """Every record after `position`, exactly once, in offset order per partition.
 
-        With `threads`, only records of those threads (undecodable records are always
-        yielded). It runs until the caller stops iterating, or raises `TimeoutError` once
-        `deadline` (if any) has passed.
+        Without `threads`, every partition is read (those `position` does not name from
+        their start). With `threads`, only those threads' partitions, and only their
+        records (undecodable records there are always yielded). It runs until the caller
+        stops iterating, or raises `TimeoutError` once `deadline` (if any) has passed.
         """
         wanted = set(threads) if threads is not None else None
-        for step in self.read(position, until_end=False, deadline=deadline):
+        start = position.copy()
+        if wanted is not None:
+            for thread in wanted:
+                for topic in self._types:
+                    start.offsets.setdefault((topic, self.partition_of(thread, topic)), BEGINNING)
+        for step in self.read(start, until_end=False, deadline=deadline, all_partitions=wanted is None):
             item = step.item
             if wanted is None or isinstance(item, Undecodable) or item.thread_id in wanted:
                 yield item
