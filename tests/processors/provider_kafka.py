@@ -14,7 +14,10 @@ while the processor (another process) talks to it.
 - `assert_one_receipt_each(deployment)`: every input record has exactly one receipt,
   whatever its disposition (a `parked` one included), and no input was produced twice;
 - `streamed_turns(...)`: for each committed turn of a thread, the text its live `delta`
-  events carried before the commit, beside the text the turn committed.
+  events carried before the commit, beside the text the turn committed;
+- `tailed_turns(...)`: the same pairs as `torpor tail` prints them: the text of the
+  `model…` lines (the deltas), and the committed turn's `model` line as rendered
+  (thinking and calls shown beside the text).
 """
 
 from __future__ import annotations
@@ -121,4 +124,22 @@ def streamed_turns(deployment: Deployment, thread_id: str) -> list[tuple[str, st
                 said = "".join(b.text for b in body.content if isinstance(b, TextBlock))
                 turns.append(("".join(live), said))
                 live = []
+    return turns
+
+
+def tailed_turns(deployment: Deployment, thread_id: str) -> list[tuple[str, str]]:
+    """(delta text, committed line) per turn, from what `torpor tail THREAD --no-follow` prints."""
+    tail = deployment.run([TORPOR, "tail", thread_id, "--no-follow",
+                           "--resume-file", str(deployment.root / f"tail-{thread_id}.json")])
+    assert tail.returncode == 0, tail.stderr[-3000:]
+    turns: list[tuple[str, str]] = []
+    live: list[str] = []
+    for line in tail.stdout.splitlines():
+        # time, thread, kind, text: `torpor.cli.render` pads the columns with spaces.
+        _, _, kind, text = [*line.split(None, 3), "", "", "", ""][:4]
+        if kind == "model…":
+            live.append(text)
+        elif kind == "model":
+            turns.append(("".join(live), text.partition(" ")[2]))  # after the "#<seq>"
+            live = []
     return turns

@@ -33,6 +33,7 @@ from tests.processors.provider_kafka import (
     start_agent,
     stop_cleanly,
     streamed_turns,
+    tailed_turns,
     thread_events,
     wait_for,
 )
@@ -129,6 +130,9 @@ def test_an_anthropic_model_completes_a_multi_turn_tool_calling_conversation_in_
         requests = server.requests
 
     assert streamed_turns(deployment, thread_id) == [(a, a) for a in ANSWERS]
+    tailed = tailed_turns(deployment, thread_id)  # what a person sees
+    assert [live for live, _ in tailed] == ANSWERS
+    assert [answer in shown for answer, (_, shown) in zip(ANSWERS, tailed, strict=True)] == [True] * 3, tailed
     assert [r.path for r in requests] == ["/v1/messages"] * 3
     assert {r.body["model"] for r in requests} == {"claude-test"}  # the thread's name, not the reported one
     assert {r.headers["authorization"] for r in requests} == {f"Bearer {KEY}"}  # from KEY_VARIABLE
