@@ -53,6 +53,7 @@ from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
+from torpor.streams.restore import CHECKPOINT_KEY
 from torpor.streams.topics import Topic, TopicNames
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -81,6 +82,7 @@ SUMMARY_COLUMNS: Final = (
     "idle_agents_in_8gb",
     "store_bytes_per_agent",
     "changelog_bytes_per_agent",
+    "checkpoint_records",
     "passthrough_seconds",
     "passthrough_completions_per_s",
     "ratio_to_passthrough",
@@ -281,11 +283,13 @@ def run(
         summary = summarize("kafka", agents, turns, wave, completions, seconds, rows)
         outputs: dict[str, list[tuple[int, int]]] = defaultdict(list)
         changelog_bytes = 0
+        checkpoint_records = 0  # one per partition a transaction covered: how finely commits cut
         for topic in OUTPUT_TOPICS:
             for _, key, value in read_topic(bootstrap, names.of(topic)):
                 outputs[f"{prefix}pt.{topic}"].append((len(key), len(value)))
                 if topic is Topic.CHANGELOG:
                     changelog_bytes += len(key) + len(value)
+                    checkpoint_records += key == CHECKPOINT_KEY
 
         create_topics(admin, pt_topics, partitions)
         for partition, key, value in inputs:
@@ -306,6 +310,7 @@ def run(
             {
                 "partitions": partitions,
                 "changelog_bytes_per_agent": round(changelog_bytes / agents, 1),
+                "checkpoint_records": checkpoint_records,
                 "passthrough_seconds": round(pt_seconds, 3),
                 "passthrough_completions_per_s": round(pt_rate, 1),
                 "ratio_to_passthrough": round(rate / pt_rate, 3) if pt_rate else "",
@@ -354,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # type: ignore[call-overload]
     report(summary)
     print(f"  changelog bytes per agent: {summary['changelog_bytes_per_agent']}")
+    print(f"  checkpoint records (one per partition per transaction): {summary['checkpoint_records']}")
     print(
         f"  pass-through: {summary['passthrough_completions_per_s']} completions/s "
         f"in {summary['passthrough_seconds']}s; Torpor/pass-through = {summary['ratio_to_passthrough']}"

@@ -87,3 +87,18 @@ def test_a_memoised_entry_or_state_is_the_value_its_bytes_decode_to() -> None:
         assert decode_entry(raw) == decode_value(raw, HistoryEntry)
     raw = encode_state(state)
     assert decode_state(raw, state.thread_id) == decode(ThreadState, raw)
+
+
+def test_a_state_s_bytes_are_one_sorted_dump_of_its_fields() -> None:
+    # encode() writes a state around its remembered config text: the bytes must be those
+    # of the plain canonical dump, or a replay (fresh process, cold memo) would differ.
+    import json
+
+    from torpor.processors.statecodec import _record_to
+
+    _, state = a_state()
+    held = Input("m2", "t1", 6, "user:u", 99, "k", b"\x00\xff", create(config(), initial="\u00e9t\u00e9"))
+    call = PendingCall("c1", "search", "{}", False, CallKind.TOOL, "r1", 5, 0)
+    for value in (state, dataclasses.replace(state, deferred=(held,), pending_calls=(call,))):
+        plain = json.dumps(_record_to(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert encode_state(value) == plain.encode()

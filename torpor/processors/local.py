@@ -38,6 +38,7 @@ from torpor.processors.model import ModelProvider
 from torpor.processors.stage import ModelStage, StageConfig
 from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store import Change, MemoryStore, Overlay, RocksStore, Store, StoreOffsets
+from torpor.processors.tables import HistoryCache
 from torpor.processors.verify import Verifier
 from torpor.schemas.records import Dispatch, Input, Receipt, ThreadConfig, ThreadEvent
 from torpor.streams.log import InProcessLog, LogRecord, LogTopic
@@ -201,8 +202,9 @@ class LocalRuntime:
     def _ensure_started(self) -> list[ModelStage]:
         if self._stages is None:
             self._wake = asyncio.Event()
+            histories = HistoryCache(self.config.stage.history_cache_entries)  # one for all partitions
             self._stages = [
-                ModelStage(store, self._provider, self, self.clock, self.config.stage)
+                ModelStage(store, self._provider, self, self.clock, self.config.stage, histories)
                 for store in self.stores
             ]
             for stage in self._stages:

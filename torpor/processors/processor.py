@@ -46,6 +46,7 @@ from torpor.processors.outputs import OutputWriter
 from torpor.processors.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import Overlay, RocksStore, StoreOffsets
+from torpor.processors.tables import HistoryCache
 from torpor.processors.verify import Verifier, processor_signer, verifier_for
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
@@ -182,7 +183,7 @@ class ThreadTask:
 
     def start(self) -> None:
         stage = ModelStage(self._store, self._processor.provider, self._processor.sink, now_ms,
-                           self._processor.config.stage)
+                           self._processor.config.stage, self._processor.histories)
         self.stage = stage
         self._processor.stages.call(stage.resume)  # threads a previous owner left awaiting the model
 
@@ -297,6 +298,7 @@ class Processor:
         self.max_input_bytes = settings.inputs.max_bytes
         self.default_config = default_config
         self.stages = StageThread()
+        self.histories = HistoryCache(config.stage.history_cache_entries)  # shared by the stages
         self._sink_producer = make_producer(settings)
         self.sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec, signer)
         self.tasks: dict[int, ThreadTask] = {}

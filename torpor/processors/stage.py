@@ -72,8 +72,9 @@ class StageConfig:
     # provider streams a chunk every few ms. 0 publishes every delta as it comes.
     delta_window_s: float = 0.05
     # Decoded history entries kept for the next completion of the same threads
-    # (`HistoryCache`): a few hundred busy threads of ~100 entries, some tens of MB.
-    history_cache_entries: int = 32_768
+    # (`HistoryCache`, one per process): 500 busy threads of ~100 entries, ~45 MB. Busy
+    # threads beyond it are served by re-reading (an LRU cycled through misses entirely).
+    history_cache_entries: int = 49_152
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_attempts < 1:
@@ -110,6 +111,7 @@ class ModelStage:
         sink: StageSink,
         clock: Callable[[], int],
         config: StageConfig | None = None,
+        histories: HistoryCache | None = None,
     ) -> None:
         self._store = store
         self._provider = provider
@@ -118,7 +120,12 @@ class ModelStage:
         self.config = config or StageConfig()
         self._gate = asyncio.Semaphore(self.config.concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._histories = HistoryCache(self.config.history_cache_entries)
+        # The stages of one process share one cache (`histories`), so its bound is the
+        # process's, not the partition's: a thread id lives in one partition, and the
+        # cache checks every prefix against the hash chain anyway.
+        if histories is None:
+            histories = HistoryCache(self.config.history_cache_entries)
+        self._histories = histories
 
     def submit(self, request: RequestCompletion) -> bool:
         """Start `request` (committed) unless it is already in flight; True if started."""

@@ -160,9 +160,59 @@ def _record_from(cls: type, datum: object) -> object:
     return cls(**{name: frm(raw[name]) for name, _, frm in _fields(cls)})
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_dumps: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+_Plan = tuple[tuple[str, _Convert, _Convert], ...]
+
+
+@functools.cache
+def _around_config(cls: type) -> tuple[_Plan, str, _Plan] | None:
+    """For a record with one `ThreadConfig` field: the fields sorted before it, its name, those after."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if hints[f.name] is ThreadConfig]
+    if len(names) != 1:
+        return None
+    (name,) = names
+    rest = sorted((p for p in _fields(cls) if p[0] != name), key=lambda p: p[0])
+    return tuple(p for p in rest if p[0] < name), name, tuple(p for p in rest if p[0] > name)
+
+
+# The config's JSON text, by identity like its object form (`_shared`), for the same reason.
+_config_text: OrderedDict[int, tuple[object, str]] = OrderedDict()
+
+
+def _config_json(value: object) -> str:
+    hit = _config_text.get(id(value))
+    if hit is not None and hit[0] is value:
+        _config_text.move_to_end(id(value))
+        return hit[1]
+    text = _dumps(_shared_record_to(value))
+    _config_text[id(value)] = (value, text)
+    if len(_config_text) > _SHARED_CAPACITY:
+        _config_text.popitem(last=False)
+    return text
+
+
 def encode(value: object) -> bytes:
-    """Canonical bytes of dataclass `value`: equal values give equal bytes."""
-    return json.dumps(_record_to(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Canonical bytes of dataclass `value`: equal values give equal bytes.
+
+    A record with a config (the thread state) is written in three pieces, the fields
+    sorted before the config, the config's remembered text, the fields after: the same
+    bytes as one sorted dump, without serialising the config again at every input.
+    """
+    cls: type = type(value)
+    split = _around_config(cls)
+    if split is None:
+        return _dumps(_record_to(value)).encode()
+    before, name, after = split
+    parts = []
+    if before:
+        parts.append(_dumps({n: to(getattr(value, n)) for n, to, _ in before})[1:-1])
+    parts.append(f"{_dumps(name)}:{_config_json(getattr(value, name))}")
+    if after:
+        parts.append(_dumps({n: to(getattr(value, n)) for n, to, _ in after})[1:-1])
+    return ("{" + ",".join(parts) + "}").encode()
 
 
 def decode(cls: type[T], raw: bytes) -> T:
@@ -222,9 +272,10 @@ class _Latest:
                 break
 
 
-# Threads whose latest state is kept (a few waves of busy ones), and recent entries; a
-# miss costs only the decode it would have done.
-_STATES: Final = _Latest(8192)
+# Threads whose latest state is kept (two waves of 500 busy ones: more would add to the
+# memory measured per idle agent while it fills), and recent entries; a miss costs only
+# the decode it would have done.
+_STATES: Final = _Latest(1024)
 _ENTRIES: Final[_Recent[HistoryEntry]] = _Recent(4096)
 
 

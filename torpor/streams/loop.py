@@ -157,6 +157,16 @@ class _Checkpoint:
     # Offsets of changelog records the broker acknowledged, per partition (delivery reports).
     changelog_acked: dict[int, int] = field(default_factory=dict)
     delivery_error: KafkaError | None = None
+    changelog_topic: str = ""
+
+    def delivered(self, error: KafkaError | None, message: Message) -> None:
+        """librdkafka's delivery report of a record of this checkpoint (one callback for all)."""
+        if error is not None:
+            self.delivery_error = self.delivery_error or error
+        elif message.topic() == self.changelog_topic:
+            part, offset = message.partition(), message.offset()
+            if part is not None and offset is not None:
+                self.changelog_acked[part] = max(offset, self.changelog_acked.get(part, -1))
 
 
 class CheckpointLoop:
@@ -258,7 +268,7 @@ class CheckpointLoop:
             self._producer.begin_transaction()
         except KafkaException as exc:
             raise translate(exc, operation="begin_transaction") from exc
-        self._checkpoint = _Checkpoint(started=time.monotonic())
+        self._checkpoint = _Checkpoint(time.monotonic(), changelog_topic=self._settings.changelog_topic)
         return self._checkpoint
 
     # --- phases 2 and 3: process, produce ------------------------------------------
@@ -276,28 +286,21 @@ class CheckpointLoop:
         checkpoint.next_offsets[partition] = records[-1].offset + 1
 
     def _produce(self, checkpoint: _Checkpoint, out: OutputRecord) -> None:
-        changelog = self._settings.changelog_topic
-
-        def delivered(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                checkpoint.delivery_error = checkpoint.delivery_error or error
-            elif message.topic() == changelog:
-                part, offset = message.partition(), message.offset()
-                if part is not None and offset is not None:
-                    checkpoint.changelog_acked[part] = max(offset, checkpoint.changelog_acked.get(part, -1))
-
-        deadline = Deadline.after(self._settings.transaction_timeout)
+        # A checkpoint produces some thousands of records: one callback for all of them,
+        # and a deadline only once the queue is found full.
+        deadline: Deadline | None = None
         while True:
             try:
                 self._producer.produce(
                     out.topic, value=out.value, key=out.key,
                     # -1 is librdkafka's "let the partitioner choose" (murmur2, by key).
                     partition=_ANY_PARTITION if out.partition is None else out.partition,
-                    headers=list(out.headers) or None, on_delivery=delivered,
+                    headers=list(out.headers) or None, on_delivery=checkpoint.delivered,
                 )
                 return
             except BufferError:
                 # The local queue is full: serve delivery reports to drain it, then retry.
+                deadline = deadline or Deadline.after(self._settings.transaction_timeout)
                 if deadline.expired():
                     raise CheckpointAbortedError(
                         f"the producer queue stayed full for {self._settings.transaction_timeout}s"

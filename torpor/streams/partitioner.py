@@ -55,8 +55,9 @@ def murmur2(data: bytes) -> int:
 
 
 # Every record of a thread hashes the same key again (a turn makes a dozen records), and
-# murmur2 in Python costs microseconds; a bounded cache keeps the memory constant.
-PARTITION_CACHE_SIZE: Final = 65_536
+# murmur2 in Python costs microseconds; a bounded cache of the busy threads' keys keeps
+# the memory constant (larger, it would grow with every idle agent up to its bound).
+PARTITION_CACHE_SIZE: Final = 4096
 
 
 @functools.lru_cache(maxsize=PARTITION_CACHE_SIZE)
