@@ -25,7 +25,7 @@ from torpor.cli.scenario import load
 from torpor.cli.settings import read_settings, settings_options
 from torpor.processors.processor import Processor, ProcessorConfig
 from torpor.processors.providers.registry import ModelRouter
-from torpor.processors.providers.settings import EndpointSettings, ProviderSettings
+from torpor.processors.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError, TorporError
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
@@ -50,7 +50,8 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="The consumer group; instances of one app share the partitions.")
 @click.option("--default-model", default="scripted", show_default=True, envvar="TORPOR_DEFAULT_MODEL",
               help="The model for a request whose thread names none: openai:<model>, "
-                   "anthropic:<model> or scripted. Each thread's own model (ThreadConfig) wins.")
+                   "anthropic:<model>, bedrock:<model id> or scripted. Each thread's own model "
+                   "(ThreadConfig) wins.")
 @click.option("--openai-base-url", default=None, envvar="TORPOR_OPENAI_BASE_URL",
               help="An OpenAI-compatible server up to /v1 (vLLM, Ollama, llama.cpp, LiteLLM). "
                    "Default: api.openai.com.")
@@ -60,6 +61,12 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="The Anthropic API's URL. Default: api.anthropic.com.")
 @click.option("--anthropic-api-key-env", default="ANTHROPIC_API_KEY", show_default=True,
               help="The variable holding the Anthropic key.")
+@click.option("--bedrock-region", default=None, envvar=["TORPOR_BEDROCK_REGION", "AWS_REGION"],
+              help="The AWS region of Bedrock (e.g. us-east-1), needed for bedrock: models. "
+                   "Default: TORPOR_BEDROCK_REGION, else AWS_REGION. Credentials come from boto3's "
+                   "standard chain (AWS_* variables, ~/.aws, an instance or container role).")
+@click.option("--bedrock-endpoint-url", default=None, envvar="TORPOR_BEDROCK_ENDPOINT_URL",
+              help="A bedrock-runtime endpoint URL (a VPC endpoint, a proxy). Default: the region's own.")
 @click.option("--connector", "connectors", multiple=True, metavar="MODULE:NAME",
               help="Host this connector in the processor's process, for development (repeatable; "
                    "e.g. torpor.connectors.echo:EchoTool). It gets dispatches once committed.")
@@ -67,7 +74,8 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
 @settings_options
 def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str,
               default_model: str, openai_base_url: str | None, openai_api_key_env: str,
-              anthropic_base_url: str | None, anthropic_api_key_env: str, connectors: tuple[str, ...],
+              anthropic_base_url: str | None, anthropic_api_key_env: str, bedrock_region: str | None,
+              bedrock_endpoint_url: str | None, connectors: tuple[str, ...],
               log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     configure(log_level)
@@ -83,7 +91,9 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
                                  store_dir=store_dir or Path(".torpor") / "stores" / instance)
         providers = ProviderSettings(
             openai=EndpointSettings(base_url=openai_base_url, api_key=_key(openai_api_key_env)),
-            anthropic=EndpointSettings(base_url=anthropic_base_url, api_key=_key(anthropic_api_key_env)))
+            anthropic=EndpointSettings(base_url=anthropic_base_url, api_key=_key(anthropic_api_key_env)),
+            bedrock=BedrockSettings(region=bedrock_region,
+                                    endpoint=EndpointSettings(base_url=bedrock_endpoint_url)))
         model = ModelRouter(providers, default_model, script=rules)
         hosted = HostedConnectors(settings, connectors, app=app, instance=instance,
                                   store_dir=config.store_dir)

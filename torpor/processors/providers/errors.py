@@ -12,8 +12,11 @@ needs no change to handle them::
     └── PermanentModelError          400, 401, 403, 404, 422: fix the request or the settings
 
 `classify_status(status, message, headers)` is the one table from an HTTP status to a
-class; both adapters call it, so OpenAI-compatible servers and Anthropic agree on what
-a 409 or a 529 means.
+class; every adapter calls it, so OpenAI-compatible servers, Anthropic and Bedrock agree
+on what a 409 or a 529 means. Bedrock names its failures by an error code instead
+(`x-amzn-ErrorType`, or an exception event inside a stream): `classify_bedrock` reads
+that first and falls back on the status. It takes strings, not botocore's exceptions,
+so this module imports no AWS library and every other provider runs without one.
 """
 
 from __future__ import annotations
@@ -96,3 +99,46 @@ def classify_status(status: int, message: str, headers: Mapping[str, str]) -> Mo
     if status in _TRANSIENT_STATUSES or status >= 500:
         return TransientModelError(f"server error ({status}): {message}")
     return PermanentModelError(f"request refused ({status}): {message}")
+
+
+# Bedrock's error codes, lower-cased: an HTTP error names them `ThrottlingException`, an
+# exception event inside a stream `throttlingException` (the stream member's name).
+_BEDROCK_RATE_LIMITED: Final = frozenset({"throttlingexception", "servicequotaexceededexception"})
+_BEDROCK_TRANSIENT: Final = frozenset(
+    {
+        "internalserverexception",
+        "modelstreamerrorexception",
+        "serviceunavailableexception",
+        "modelnotreadyexception",
+        "modeltimeoutexception",
+    }
+)
+_BEDROCK_PERMANENT: Final = frozenset(
+    {
+        "validationexception",
+        "accessdeniedexception",
+        "resourcenotfoundexception",
+        "unrecognizedclientexception",
+        "invalidsignatureexception",
+    }
+)
+
+
+def classify_bedrock(code: str, message: str, status: int | None, headers: Mapping[str, str]) -> ModelError:
+    """The model error for a Bedrock failure with error `code` (either spelling) and `message`.
+
+    `status` is the HTTP status, or None for an exception event inside a stream (whose
+    status is the stream's 200). An unknown code is judged by its status; with neither,
+    it is transient, since a stream that broke for an unnamed reason may work next time.
+    """
+    named = f"{code}: {message}" if code else message
+    lowered = code.lower()
+    if lowered in _BEDROCK_RATE_LIMITED:
+        return RateLimitedError(named, retry_after_s(headers))
+    if lowered in _BEDROCK_TRANSIENT:
+        return TransientModelError(named)
+    if lowered in _BEDROCK_PERMANENT:
+        return PermanentModelError(f"{named} (fix the request, the model id or the AWS permissions)")
+    if status is not None and status >= 400:
+        return classify_status(status, named, headers)
+    return TransientModelError(named)

@@ -2,7 +2,8 @@
 
 A model string names the API and the model: `openai:gpt-4o-mini` (any OpenAI-compatible
 server: the `openai` endpoint's base URL decides which), `anthropic:claude-sonnet-4-5`,
-or `scripted` (the deterministic `ScriptedModel`, for tests and local runs).
+`bedrock:<model id or inference profile>` (Amazon Bedrock's Converse API), or
+`scripted` (the deterministic `ScriptedModel`, for tests and local runs).
 `parse_model` splits and checks one; a wrong one is a `ConfigError` at startup, not a
 failed completion later.
 
@@ -11,13 +12,19 @@ failed completion later.
 its own `request.model` (a thread may be switched to another model with `set_model`),
 building each API's client once, on first use, and `aclose()` closes them.
 Settings come in as `ProviderSettings`; nothing here reads the environment.
+
+Bedrock is an optional extra (`pip install 'torpor[bedrock]'`, which brings boto3), so
+its adapter is imported only when a `bedrock:` model is first served: a processor without
+boto3 runs every other backend, and a `bedrock:` model without it is a `ConfigError`
+(a failed completion, for a thread's own model) that says what to install.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING, Final
 
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
@@ -33,8 +40,15 @@ from torpor.processors.model import (
 )
 from torpor.processors.providers.anthropic_provider import AnthropicProvider, anthropic_client
 from torpor.processors.providers.openai_compat import OpenAICompatProvider, openai_client
-from torpor.processors.providers.settings import ProviderSettings
+from torpor.processors.providers.settings import BedrockSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mypy_boto3_bedrock_runtime import BedrockRuntimeClient
+
+    from torpor.processors.providers.bedrock_provider import BedrockProvider
+
+BEDROCK_EXTRA: Final = "pip install 'torpor[bedrock]'"
 
 
 class Backend(StrEnum):
@@ -42,6 +56,7 @@ class Backend(StrEnum):
 
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+    BEDROCK = "bedrock"
     SCRIPTED = "scripted"
 
 
@@ -64,13 +79,27 @@ def parse_model(model: str) -> ModelRef:
     except ValueError:
         raise ConfigError(
             f"model {model!r}: unknown provider {head!r}; write openai:<model> (any OpenAI-compatible "
-            "server), anthropic:<model> or scripted"
+            "server), anthropic:<model>, bedrock:<model id> or scripted"
         ) from None
     if backend is Backend.SCRIPTED:
         return ModelRef(backend, name or "scripted")
     if not sep or not name:
         raise ConfigError(f"model {model!r}: name the model after the provider, e.g. {head}:<model>")
     return ModelRef(backend, name)
+
+
+def bedrock_adapter() -> tuple[type[BedrockProvider], Callable[[BedrockSettings], BedrockRuntimeClient]]:
+    """The Bedrock provider class and client factory, imported now.
+
+    Raises `ConfigError` if boto3 is not installed.
+    """
+    try:
+        from torpor.processors.providers.bedrock_provider import BedrockProvider, bedrock_client
+    except ImportError as exc:
+        raise ConfigError(
+            f"a bedrock: model needs boto3, which is not installed ({exc.name} is missing): {BEDROCK_EXTRA}"
+        ) from exc
+    return BedrockProvider, bedrock_client
 
 
 def provider_for(model: str, settings: ProviderSettings, script: Sequence[ScriptRule] = ()) -> ModelProvider:
@@ -81,6 +110,9 @@ def provider_for(model: str, settings: ProviderSettings, script: Sequence[Script
             return OpenAICompatProvider(openai_client(settings.openai), ref.name, settings.openai)
         case Backend.ANTHROPIC:
             return AnthropicProvider(anthropic_client(settings.anthropic), ref.name, settings.anthropic)
+        case Backend.BEDROCK:
+            provider, client = bedrock_adapter()
+            return provider(client(settings.bedrock), ref.name, settings.bedrock)
         case Backend.SCRIPTED:
             return ScriptedModel(script)
 
@@ -90,7 +122,9 @@ class ModelRouter:
     """A `ModelProvider` that serves each request with the provider its `model` names.
 
     `default_model` serves requests whose model is empty. A request naming a model that
-    does not parse fails with `PermanentModelError` (retrying cannot fix its name).
+    does not parse, or one whose provider cannot be built (a `bedrock:` model without
+    boto3 or a region), fails with `PermanentModelError`: retrying cannot fix either.
+    A default model of that kind refuses to start (`ConfigError`).
     """
 
     settings: ProviderSettings
@@ -98,11 +132,14 @@ class ModelRouter:
     script: Sequence[ScriptRule] = ()
     _openai: AsyncOpenAI | None = None
     _anthropic: AsyncAnthropic | None = None
+    _bedrock: BedrockRuntimeClient | None = None
     _scripted: ScriptedModel | None = None
     _served: dict[str, ModelInfo] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        parse_model(self.default_model)  # refuse to start on a bad default
+        # Refuse to start on a bad default, or one whose API this process cannot reach.
+        if parse_model(self.default_model).backend is Backend.BEDROCK:
+            self.provider(parse_model(self.default_model))
 
     def models(self) -> tuple[ModelInfo, ...]:
         default = self.provider(parse_model(self.default_model)).models()
@@ -119,6 +156,11 @@ class ModelRouter:
                 if self._anthropic is None:
                     self._anthropic = anthropic_client(self.settings.anthropic)
                 return AnthropicProvider(self._anthropic, ref.name, self.settings.anthropic)
+            case Backend.BEDROCK:
+                provider, client = bedrock_adapter()
+                if self._bedrock is None:
+                    self._bedrock = client(self.settings.bedrock)
+                return provider(self._bedrock, ref.name, self.settings.bedrock)
             case Backend.SCRIPTED:
                 # One instance, so its cursors (which turn comes next) outlive a request.
                 if self._scripted is None:
@@ -127,10 +169,9 @@ class ModelRouter:
 
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
         try:
-            ref = parse_model(request.model or self.default_model)
+            provider = self.provider(parse_model(request.model or self.default_model))
         except ConfigError as exc:
             raise PermanentModelError(str(exc)) from exc
-        provider = self.provider(ref)
         for info in provider.models():
             self._served.setdefault(info.name, info)
         async for output in provider.complete(request):
@@ -144,3 +185,6 @@ class ModelRouter:
         if self._anthropic is not None:
             await self._anthropic.close()
             self._anthropic = None
+        if self._bedrock is not None:
+            self._bedrock.close()  # a quick, local close of its connection pool
+            self._bedrock = None

@@ -6,6 +6,10 @@ them in; nothing in `providers/` reads `os.environ`. Because the vendor client l
 adapters always pass one explicitly (`NO_KEY` for servers that need none), so what
 runs is exactly what these settings say.
 
+Bedrock is reached through boto3, whose credentials come from its standard chain (the
+AWS variables, the shared config files, an instance or container role): `BedrockSettings`
+holds where to go (region, endpoint URL) and never a credential.
+
 The API key is a `Secret` (masked in every repr). A base URL carrying credentials is
 refused rather than redacted: the key belongs in `api_key`, where it cannot leak into a
 log line.
@@ -13,6 +17,7 @@ log line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -85,12 +90,37 @@ class EndpointSettings:
         return self.api_key.reveal() if self.api_key is not None else NO_KEY
 
 
+# An AWS region name: `us-east-1`, `eu-central-2`, `us-gov-west-1`, `ap-southeast-7`.
+_REGION: Final = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class BedrockSettings:
+    """Where Bedrock runs. `endpoint` holds what every API has (timeouts, limits, thinking);
+    its `base_url` is the endpoint URL override (a VPC endpoint, a proxy, a local stand-in),
+    None for the region's own `bedrock-runtime` endpoint.
+
+    `region` None is allowed here, since a processor that never serves a `bedrock:` model
+    needs none; building the client without one is a `ConfigError`, not boto3's guess.
+    """
+
+    region: str | None = None
+    endpoint: EndpointSettings = EndpointSettings()
+
+    def __post_init__(self) -> None:
+        if self.region is not None and not _REGION.fullmatch(self.region):
+            raise ConfigError(f"bedrock region {self.region!r} is not an AWS region name such as us-east-1")
+        if self.endpoint.api_key is not None:
+            raise ConfigError("bedrock takes no api_key: boto3 finds AWS credentials in its standard chain")
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderSettings:
     """The `[providers]` section: one endpoint per API. Defaults reach the vendors' own URLs."""
 
     openai: EndpointSettings = EndpointSettings()
     anthropic: EndpointSettings = EndpointSettings()
+    bedrock: BedrockSettings = BedrockSettings()
 
 
 def api_model_name(prefix: str, requested: str, default: str) -> str:

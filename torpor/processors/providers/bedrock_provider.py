@@ -1,0 +1,230 @@
+"""`BedrockProvider`: a `ModelProvider` for Amazon Bedrock's Converse API (boto3 `bedrock-runtime`).
+
+Contract of `complete(request)`:
+
+- calls `ConverseStream` (`POST {endpoint}/model/{model id}/converse-stream`) with the
+  system prompt, the history (`mapping_bedrock`), the tool config, `maxTokens` if
+  configured and, with a thinking budget, Anthropic-style extended thinking through
+  `additionalModelRequestFields`;
+- yields a `TextDelta` per text fragment (reasoning is not live output), then exactly one
+  `Finished`: reasoning with its signatures, text, every tool call, usage from the
+  `metadata` event, and the model as `bedrock:<model id>` (Converse does not report one);
+- raises `RateLimitedError` (`ThrottlingException`, `ServiceQuotaExceededException`, as
+  an HTTP error or an exception event inside the stream), `TransientModelError` (5xx,
+  `InternalServerException`, `ModelStreamErrorException`, `ServiceUnavailableException`,
+  connection errors and timeouts), `StreamStalledError` (nothing within `stall_timeout_s`),
+  `IncompleteStreamError` (the stream broke off, or ended without `messageStop`), or
+  `PermanentModelError` (`ValidationException`, `AccessDeniedException`,
+  `ResourceNotFoundException`, other 4xx, no AWS credentials, a tool spec whose parameters
+  are not JSON). A failure discards the partial turn.
+
+boto3 is synchronous, so the call and the reading of its stream run on a thread of
+their own (`_StreamThread`), handing each event to the event loop through a queue: the
+model stage's loop never blocks on Bedrock, and one slow stream never holds a worker of
+the loop's shared executor. Closing the generator (the stage cancelled it, a stall, an
+error) closes the HTTP stream, which ends the thread.
+
+boto3's own retries are off (one attempt): the model stage owns retrying. Credentials
+come from boto3's standard chain; the region and endpoint URL from `BedrockSettings`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from torpor.processors.model import (
+    CompletionRequest,
+    ModelError,
+    ModelInfo,
+    ModelOutput,
+    PermanentModelError,
+    TextDelta,
+    TransientModelError,
+)
+from torpor.processors.providers.errors import IncompleteStreamError, classify_bedrock
+from torpor.processors.providers.mapping_bedrock import ConverseTurn, converse_messages, converse_tools
+from torpor.processors.providers.settings import BedrockSettings, api_model_name
+from torpor.processors.providers.stall import within
+from torpor.schemas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from botocore.eventstream import EventStream
+    from mypy_boto3_bedrock_runtime import BedrockRuntimeClient
+    from mypy_boto3_bedrock_runtime.type_defs import (
+        ConverseStreamOutputTypeDef,
+        ConverseStreamRequestTypeDef,
+        ConverseStreamResponseTypeDef,
+    )
+
+PREFIX: Final = "bedrock"
+# Room for the answer beside a thinking budget, which Converse counts inside maxTokens.
+THINKING_HEADROOM_TOKENS: Final = 4096
+# Concurrent streams one client may hold open; each waiting completion holds one.
+MAX_POOL_CONNECTIONS: Final = 64
+
+
+def bedrock_client(settings: BedrockSettings) -> BedrockRuntimeClient:
+    """The `bedrock-runtime` client for `settings`: explicit region, one attempt per call.
+
+    Raises `ConfigError` without a region: boto3 would otherwise guess one from the
+    environment and the shared config, and what runs must be what the settings say.
+    """
+    if settings.region is None:
+        raise ConfigError("a bedrock: model needs a region: set --bedrock-region (or TORPOR_BEDROCK_REGION)")
+    endpoint = settings.endpoint
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=endpoint.connect_timeout_s,
+        # A backstop below the stall guard, which is the real bound; it also frees the
+        # stream's thread once a stalled stream was given up on.
+        read_timeout=endpoint.stall_timeout_s * 2,
+        max_pool_connections=MAX_POOL_CONNECTIONS,
+    )
+    return boto3.session.Session().client(
+        "bedrock-runtime", region_name=settings.region, endpoint_url=endpoint.base_url, config=config
+    )
+
+
+def translate(exc: Exception, midstream: bool = False) -> ModelError:
+    """The model error for a botocore exception (see the module docstring).
+
+    `midstream`: raised while reading the stream, where a broken connection means the
+    turn broke off rather than that Bedrock is unreachable.
+    """
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error: Any = exc.response.get("Error", {})
+        meta: Any = exc.response.get("ResponseMetadata", {})
+        # An exception event inside a stream carries no HTTP status of its own.
+        status = None if isinstance(exc, botocore.exceptions.EventStreamError) else meta.get("HTTPStatusCode")
+        return classify_bedrock(
+            str(error.get("Code", "")), str(error.get("Message", "")), status, meta.get("HTTPHeaders", {})
+        )
+    if isinstance(exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
+        return PermanentModelError(f"no AWS credentials for Bedrock in boto3's standard chain: {exc}")
+    if isinstance(exc, botocore.exceptions.ParamValidationError):
+        return PermanentModelError(f"boto3 refused the Converse request: {exc}")
+    if midstream:  # botocore lets urllib3's errors through while a stream is read
+        return IncompleteStreamError(f"the Converse stream broke off: {type(exc).__name__}: {exc}")
+    if isinstance(exc, botocore.exceptions.BotoCoreError | OSError):  # connection errors and timeouts
+        return TransientModelError(f"cannot reach Bedrock: {type(exc).__name__}: {exc}")
+    return TransientModelError(f"the Converse stream failed: {type(exc).__name__}: {exc}")
+
+
+class _End:
+    """Put on the queue after the last event: the stream ended by itself."""
+
+
+@dataclass(slots=True)
+class _StreamThread:
+    """Runs one blocking `converse_stream` call and reads its stream, off the event loop.
+
+    Each event (or the exception that ended the stream, or `_End`) reaches `queue` through
+    `loop.call_soon_threadsafe`. `close()` is called from the loop; it closes the HTTP
+    stream, so a read blocked on the socket returns and the thread ends.
+    """
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[ConverseStreamOutputTypeDef | Exception | _End] = field(
+        default_factory=asyncio.Queue
+    )
+    closed: threading.Event = field(default_factory=threading.Event)
+    stream: EventStream[ConverseStreamOutputTypeDef] | None = None
+
+    def start(self, call: Callable[[], ConverseStreamResponseTypeDef], name: str) -> None:
+        threading.Thread(target=self._run, args=(call,), name=name, daemon=True).start()
+
+    def _run(self, call: Callable[[], ConverseStreamResponseTypeDef]) -> None:
+        try:
+            self.stream = call()["stream"]
+            if self.closed.is_set():  # closed while the call was opening: nobody will read
+                self.stream.close()
+                return
+            for event in self.stream:
+                self._put(event)
+            self._put(_End())
+        except Exception as exc:
+            if not self.closed.is_set():
+                self._put(exc)
+
+    def _put(self, item: ConverseStreamOutputTypeDef | Exception | _End) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.closed.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        stream = self.stream
+        if stream is not None:
+            stream.close()
+
+
+@dataclass(frozen=True, slots=True)
+class BedrockProvider:
+    """Serves `model` (a Bedrock model id or inference profile) and any `bedrock:<id>` request."""
+
+    client: BedrockRuntimeClient
+    model: str
+    settings: BedrockSettings
+
+    def models(self) -> tuple[ModelInfo, ...]:
+        endpoint = self.settings.endpoint
+        return (ModelInfo(f"{PREFIX}:{self.model}", endpoint.context_window, endpoint.supports_images),)
+
+    def api_model(self, requested: str) -> str:
+        """Bedrock's model id for `requested` (`bedrock:<id>`), or our own model for anything else."""
+        return api_model_name(PREFIX, requested, self.model)
+
+    def arguments(self, request: CompletionRequest, model: str) -> ConverseStreamRequestTypeDef:
+        """The `converse_stream` arguments for `request`. Raises `PermanentModelError` for a bad tool."""
+        endpoint = self.settings.endpoint
+        messages = converse_messages(request.history, endpoint.supports_images)
+        try:
+            tools = converse_tools(request.tools, messages)
+        except ValueError as exc:
+            raise PermanentModelError(f"a tool's parameters are not JSON: {exc}") from exc
+        arguments: ConverseStreamRequestTypeDef = {"modelId": model, "messages": messages}
+        if request.system_prompt:
+            arguments["system"] = [{"text": request.system_prompt}]
+        if tools is not None:
+            arguments["toolConfig"] = tools
+        budget = endpoint.thinking_budget_tokens
+        limit = endpoint.max_output_tokens or (budget + THINKING_HEADROOM_TOKENS if budget else None)
+        if limit is not None:
+            arguments["inferenceConfig"] = {"maxTokens": limit}
+        if budget:
+            arguments["additionalModelRequestFields"] = {
+                "thinking": {"type": "enabled", "budget_tokens": budget}
+            }
+        return arguments
+
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
+        model = self.api_model(request.model)
+        what = f"bedrock stream for {request.request_id} ({model})"
+        arguments = self.arguments(request, model)
+        reader = _StreamThread(asyncio.get_running_loop())
+        reader.start(lambda: self.client.converse_stream(**arguments), name=f"bedrock {request.request_id}")
+        turn = ConverseTurn(model=f"{PREFIX}:{model}")
+        try:
+            while True:
+                item = await within(reader.queue.get(), self.settings.endpoint.stall_timeout_s, what)
+                if isinstance(item, _End):
+                    break
+                if isinstance(item, Exception):
+                    # Once the call returned, a failure is the stream breaking off.
+                    raise translate(item, midstream=reader.stream is not None) from item
+                text = turn.add(item)
+                if text:
+                    yield TextDelta(text)
+        finally:
+            # Closed before `Finished` is yielded: the caller may stop iterating there.
+            reader.close()
+        yield turn.finished()
