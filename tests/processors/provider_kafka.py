@@ -7,7 +7,8 @@ on an event loop of its own thread, because the test's thread blocks in `wait_un
 while the processor (another process) talks to it.
 
 - `serving(replies)`: the wire server, started and stopped around a block;
-- `start_agent(...)`: create a thread on a model, say one thing, start both processes;
+- `start_agent(...)`: create a thread on a model, say one thing, start `torpor tail` on
+  the thread, then the processor and the echo connector;
 - `wait_for(deployment, condition, what)`: `wait_until`, and on timeout the processor's
   log as it is then (not as it was when the wait began);
 - `stop_cleanly(...)`: SIGTERM, and each process must exit 0;
@@ -15,9 +16,10 @@ while the processor (another process) talks to it.
   whatever its disposition (a `parked` one included), and no input was produced twice;
 - `streamed_turns(...)`: for each committed turn of a thread, the text its live `delta`
   events carried before the commit, beside the text the turn committed;
-- `tailed_turns(...)`: the same pairs as `torpor tail` prints them: the text of the
-  `model…` lines (the deltas), and the committed turn's `model` line as rendered
-  (thinking and calls shown beside the text).
+- `tailed_turns(...)`: the same pairs as the live `torpor tail THREAD` that `start_agent`
+  started printed them: the text of the `model…` lines (the deltas, whitespace removed:
+  `squashed`), and the committed turn's `model` line as rendered (thinking and calls
+  shown beside the text).
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def start_agent(
     assert isinstance(create.body, CreateThread)
     body = dataclasses.replace(create.body, config=dataclasses.replace(create.body.config, model=model))
     deployment.send(dataclasses.replace(create, body=body), hello)
+    # A person watching from before the first completion: `tailed_turns` reads what it printed.
+    resume = deployment.root / f"tail-{thread_id}.json"
+    deployment.start([TORPOR, "tail", thread_id, "--resume-file", str(resume)], f"tail-{thread_id}")
     processor = deployment.start(deployment.processor_args("p0", *processor_flags), "processor")
     echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}",
                              "--journal-dir", str(deployment.root / "journal")], "echo")
@@ -128,18 +133,30 @@ def streamed_turns(deployment: Deployment, thread_id: str) -> list[tuple[str, st
 
 
 def tailed_turns(deployment: Deployment, thread_id: str) -> list[tuple[str, str]]:
-    """(delta text, committed line) per turn, from what `torpor tail THREAD --no-follow` prints."""
-    tail = deployment.run([TORPOR, "tail", thread_id, "--no-follow",
-                           "--resume-file", str(deployment.root / f"tail-{thread_id}.json")])
-    assert tail.returncode == 0, tail.stderr[-3000:]
-    turns: list[tuple[str, str]] = []
-    live: list[str] = []
-    for line in tail.stdout.splitlines():
-        # time, thread, kind, text: `torpor.cli.render` pads the columns with spaces.
-        _, _, kind, text = [*line.split(None, 3), "", "", "", ""][:4]
-        if kind == "model…":
-            live.append(text)
-        elif kind == "model":
-            turns.append(("".join(live), text.partition(" ")[2]))  # after the "#<seq>"
-            live = []
-    return turns
+    """(delta text, committed line) per turn, from what the live `torpor tail THREAD` printed.
+
+    The tail `start_agent` started follows the thread from before its first completion;
+    this waits until it has printed every turn the thread committed. A delta line shows
+    its text with runs of whitespace collapsed, so the delta text is compared `squashed`.
+    """
+
+    def printed() -> list[tuple[str, str]] | None:
+        turns: list[tuple[str, str]] = []
+        live: list[str] = []
+        for line in deployment.log(f"tail-{thread_id}").splitlines():
+            # time, thread, kind, text: `torpor.cli.render` pads the columns with spaces.
+            _, _, kind, text = [*line.split(None, 3), "", "", "", ""][:4]
+            if kind == "model…":
+                live.append(text)
+            elif kind == "model":
+                turns.append((squashed("".join(live)), text.partition(" ")[2]))  # after the "#<seq>"
+                live = []
+        return turns if len(turns) == len(deployment.answers(thread_id)) else None
+
+    found: list[tuple[str, str]] = []
+    wait_for(deployment, lambda: found.extend(printed() or []) or found, "torpor tail printed every turn")
+    return found
+
+
+def squashed(text: str) -> str:
+    return "".join(text.split())

@@ -3,7 +3,8 @@
 The server speaks the Chat Completions wire format (`tests/processors/providers/wire.py`,
 streamed server-sent events). A thread whose model is `openai:gpt-test` asks for `echo`
 in its first turn and answers with text in its second; the processor runs with
-`--openai-base-url` pointing at the server, the echo connector answers through Kafka.
+`--openai-base-url` pointing at the server, the echo connector answers through Kafka, and
+a `torpor tail` started before the first completion shows both turns as they happen.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ import uuid
 
 import pytest
 
-from tests.processors.provider_kafka import serving, start_agent, stop_cleanly, wait_for
+from tests.processors.provider_kafka import (
+    assert_one_receipt_each,
+    serving,
+    squashed,
+    start_agent,
+    stop_cleanly,
+    streamed_turns,
+    tailed_turns,
+    wait_for,
+)
 from tests.processors.providers import wire
 from tests.processors.test_processor import Deployment, deployment
 
@@ -47,3 +57,12 @@ def test_an_openai_model_completes_a_tool_calling_turn_in_kafka_mode(deployment:
         assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
         assert "echo: ping" in str(tool_message["content"])
         stop_cleanly(deployment, processor, echo)
+
+    answers = ["Pinging.", "The echo said ping."]
+    assert streamed_turns(deployment, thread_id) == [(a, a) for a in answers]
+    tailed = tailed_turns(deployment, thread_id)  # what a person watching `torpor tail` saw, live
+    assert [live for live, _ in tailed] == [squashed(a) for a in answers]
+    shown = [line for _, line in tailed]
+    assert shown == ['Pinging. | calls echo({"text": "ping"})', "The echo said ping."]
+    assert_one_receipt_each(deployment)
+    assert {r.disposition for r in deployment.receipts()} == {"applied"}
