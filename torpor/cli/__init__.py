@@ -18,6 +18,7 @@ COMMANDS: Final[dict[str, str]] = {
     "approve": "torpor.cli.approve:approve",
     "broker": "torpor.cli.broker:broker",
     "connector": "torpor.cli.connector:connector",
+    "control": "torpor.cli.control:control",
     "demo": "torpor.cli.demo:demo",
     "history": "torpor.cli.history:history",
     "keys": "torpor.cli.keys:keys",

@@ -1,0 +1,82 @@
+"""`torpor control` against a real broker: a thread parked on a bad model is switched and unparked.
+
+A thread created with a model string no provider serves parks on its first completion
+(an error Completion, loudly). `torpor control THREAD set_model --model scripted` switches
+it, `torpor control THREAD unpark` asks the model again, and the scripted model answers:
+all of it visible in `torpor tail`. Flags that do not go together are refused before
+anything is produced.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from tests.cli.rig import deploy
+from tests.processors.test_processor import TORPOR, Deployment
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.kafka
+
+ANSWER: Final = "Hello from the right model."
+SCRIPT: Final = f"""\
+[thread]
+id = "unused"
+
+[[model]]
+last_contains = "hello"
+turns = [{{ text = "{ANSWER}" }}]
+"""
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Deployment]:
+    with deploy(kafka_bootstrap, admin, tmp_path, SCRIPT, "torpor.connectors.echo:EchoTool") as found:
+        yield found
+
+
+def shown(deployment: Deployment, thread: str, tmp_path: Path) -> str:
+    done = deployment.run([TORPOR, "tail", thread, "--receipts", "--no-follow", "--restart", "--resume-file",
+                           str(tmp_path / "tail.json")])
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def control(deployment: Deployment, *args: str) -> str:
+    done = deployment.run([TORPOR, "control", *args])
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_thread_parked_on_a_bad_model_is_switched_and_unparked(deployment: Deployment,
+                                                                 tmp_path: Path) -> None:
+    thread = f"agent-{uuid.uuid4().hex[:8]}"
+    sent = deployment.run([TORPOR, "send", thread, "hello", "--new", "--model", "nowhere:model"])
+    assert sent.returncode == 0, sent.stderr
+    wait_until(lambda: " parked " in shown(deployment, thread, tmp_path), timeout=120,
+               message=f"the thread parks; processor log:\n{deployment.log('processor')[-3000:]}")
+
+    said = control(deployment, thread, "set_model", "--model", "scripted")
+    assert said.startswith(f"sent set_model to {thread}")
+    control(deployment, thread, "unpark", "--reason", "model fixed")
+
+    def answered() -> str | None:
+        text = shown(deployment, thread, tmp_path)
+        return text if ANSWER in text else None
+
+    text = wait_until(answered, timeout=120, message="the answer after the switch")
+    assert "model_set " in text and "model=scripted" in text
+    assert " unparked " in text
+
+
+def test_flags_that_do_not_go_together_are_refused(deployment: Deployment) -> None:
+    for args, said in ((["t", "set_model"], "set_model needs it"), (["t", "stop", "--model", "m"], "--model"),
+                       (["t", "cancel_call"], "cancel_call needs it"),
+                       (["t", "stop", "--signing-key-id", "k"], "both --signing-key-id")):
+        done = deployment.run([TORPOR, "control", *args])
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)

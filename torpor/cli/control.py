@@ -1,0 +1,65 @@
+"""`torpor control THREAD COMMAND`: an operator's command to a thread.
+
+Output contract: `sent <command> to <thread> (message <id>)` once the broker acknowledged
+the `Control` input; the fold's verdict is the input's receipt (`torpor tail --receipts`).
+Commands: `stop`, `resume`, `park`, `unpark`, `compact`, `delete`, `set_model --model M`
+(applies from the thread's next completion), `cancel_call --call-id ID`. The source is
+`operator:<name>`; a processor with a key ring accepts operator inputs only when signed,
+so `--signing-key-id` and `--signing-key` (a key `torpor keys new --source operator:<name>`
+made) sign it. `--message-id` makes a retried command a duplicate.
+"""
+
+from __future__ import annotations
+
+import getpass
+import uuid
+from pathlib import Path
+from typing import Final
+
+import click
+
+from torpor.cli.send import envelope, produce_inputs
+from torpor.cli.settings import read_settings, settings_options
+from torpor.schemas.errors import TorporError
+from torpor.schemas.ids import derive_id
+from torpor.schemas.records import Control
+from torpor.schemas.signer import Signer, SignerSettings
+
+COMMANDS: Final = ("stop", "resume", "park", "unpark", "cancel_call", "compact", "delete", "set_model")
+
+
+@click.command("control")
+@click.argument("thread")
+@click.argument("command", type=click.Choice(COMMANDS))
+@click.option("--model", default=None, help="set_model: the model string (openai:<m>, anthropic:<m>, ...).")
+@click.option("--call-id", default=None, help="cancel_call: the pending call to cancel.")
+@click.option("--reason", default=None, help="Why (kept in the receipt and the event).")
+@click.option("--operator", default=None, help="Who sends it (default: the login name).")
+@click.option("--message-id", default=None, help="A stable id, so a retried command is a duplicate.")
+@click.option("--signing-key-id", envvar="TORPOR_SIGNING_KEY_ID", default=None,
+              help="Sign with this key id (needed when the processor has a key ring).")
+@click.option("--signing-key", envvar="TORPOR_SIGNING_KEY", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The private key file of --signing-key-id.")
+@settings_options
+def control(thread: str, command: str, model: str | None, call_id: str | None, reason: str | None,
+            operator: str | None, message_id: str | None, signing_key_id: str | None,
+            signing_key: Path | None, config_file: Path | None, bootstrap: str | None) -> None:
+    """Send COMMAND to THREAD as an operator (stop, unpark, set_model --model M, ...)."""
+    if (command == "set_model") != (model is not None):
+        raise click.UsageError("--model goes with set_model, and set_model needs it")
+    if (command == "cancel_call") != (call_id is not None):
+        raise click.UsageError("--call-id goes with cancel_call, and cancel_call needs it")
+    if (signing_key_id is None) != (signing_key is None):
+        raise click.UsageError("give both --signing-key-id and --signing-key, or neither")
+    settings = read_settings(config_file, bootstrap)
+    record = envelope(thread, message_id or derive_id(thread, "control", command, uuid.uuid4().hex),
+                      f"operator:{operator or getpass.getuser()}",
+                      Control(command=command, call_id=call_id, model=model, reason=reason))
+    try:
+        if signing_key_id is not None and signing_key is not None:
+            record = Signer.from_settings(SignerSettings(signing_key_id, signing_key)).sign(record)
+        produce_inputs(settings, [record])
+    except TorporError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"sent {command} to {thread} (message {record.message_id})")
