@@ -590,6 +590,29 @@ def test_compaction_past_the_threshold_appends_a_summary_and_resets_usage() -> N
     ]
 
 
+def test_a_compaction_child_that_answers_in_text_has_written_its_summary() -> None:
+    world = started(context_window=1000)
+    world.reply("t", "big answer", total_tokens=800)
+    compaction = world.state("t").compaction
+    assert compaction is not None
+    world.reply(compaction.child_thread_id, "we said hello")  # no close_thread call
+    assert world.state(compaction.child_thread_id).status is Status.CLOSED
+    summary = world.bodies("t")[-1]
+    assert isinstance(summary, SummaryEntry) and summary.text == "we said hello"
+    assert world.state("t").compaction is None
+    assert world.send("t", control("compact")).disposition == "applied"  # not stuck in progress
+
+
+def test_a_compaction_child_that_answers_with_nothing_fails_the_compaction_and_frees_it() -> None:
+    world = started(context_window=1000)
+    world.reply("t", "big answer", total_tokens=800)
+    compaction = world.state("t").compaction
+    assert compaction is not None
+    world.reply(compaction.child_thread_id, "")
+    assert world.state("t").compaction is None and "compaction_failed" in world.kinds("t")
+    assert not any(isinstance(e, SummaryEntry) for e in world.bodies("t"))
+
+
 def test_compaction_while_a_call_is_pending_never_cuts_the_call() -> None:
     world = started()
     with_call(world, ("c1", "fetch", {}))

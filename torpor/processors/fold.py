@@ -127,6 +127,7 @@ from torpor.schemas.records import (
     Input,
     InputBody,
     ParentMessage,
+    TextBlock,
     TimerFired,
     ToolEvent,
     ToolResult,
@@ -310,6 +311,14 @@ def on_completion(draft: Draft) -> str:
     draft.replace(owes_turn=bool(outcomes))
     if CallOutcome.CLOSE in outcomes:
         _close(draft, draft.close_report)
+        return APPLIED
+    link = state.config.parent
+    if not outcomes and link is not None and link.kind == COMPACTION:
+        # A compaction child that answers in text instead of calling close_thread has
+        # written its summary: waiting for another input would hold the parent's
+        # compaction open for good (nothing else ever talks to this child).
+        said = " ".join(block.text for block in body.content if isinstance(block, TextBlock)).strip()
+        _close(draft, said or None)
         return APPLIED
     if CallOutcome.REFUSED in outcomes:
         rounds = draft.state.invalid_rounds + 1
