@@ -45,7 +45,9 @@ _STRING: Final = 7
 
 def _header(name: str, value: str) -> bytes:
     raw_name, raw_value = name.encode(), value.encode()
-    return bytes([len(raw_name)]) + raw_name + bytes([_STRING]) + struct.pack(">H", len(raw_value)) + raw_value
+    return (
+        bytes([len(raw_name)]) + raw_name + bytes([_STRING]) + struct.pack(">H", len(raw_value)) + raw_value
+    )
 
 
 def frame(headers: Mapping[str, str], payload: wire.JSON) -> bytes:
@@ -58,7 +60,9 @@ def frame(headers: Mapping[str, str], payload: wire.JSON) -> bytes:
 
 
 def event(kind: str, payload: wire.JSON) -> bytes:
-    return frame({":event-type": kind, ":content-type": "application/json", ":message-type": "event"}, payload)
+    return frame(
+        {":event-type": kind, ":content-type": "application/json", ":message-type": "event"}, payload
+    )
 
 
 def exception(kind: str, message: str) -> bytes:
@@ -98,7 +102,9 @@ def cv_stop(index: int) -> bytes:
     return event("contentBlockStop", {"contentBlockIndex": index})
 
 
-def cv_end(stop_reason: str, input_tokens: int = 25, output_tokens: int = 15, cache_read: int = 0) -> list[bytes]:
+def cv_end(
+    stop_reason: str, input_tokens: int = 25, output_tokens: int = 15, cache_read: int = 0
+) -> list[bytes]:
     usage = {
         "inputTokens": input_tokens,
         "outputTokens": output_tokens,

@@ -1,7 +1,7 @@
-"""The `ModelProvider` contract, run against every implementation: scripted, OpenAI, Anthropic.
+"""The `ModelProvider` contract, run against every implementation: scripted, OpenAI, Anthropic, Bedrock.
 
 Each scenario (a text turn, a turn of parallel tool calls, a transient failure, a
-permanent one) is served by the scripted model from its script and by the two adapters
+permanent one) is served by the scripted model from its script and by the three adapters
 from a local server speaking their wire format; all must answer alike.
 """
 
@@ -14,7 +14,7 @@ from typing import Final
 
 import pytest
 
-from tests.processors.providers import wire
+from tests.processors.providers import bedrock_wire, wire
 from tests.processors.providers.samples import WEATHER, collect, history, request, run, user
 from torpor.processors.model import (
     ModelProvider,
@@ -26,8 +26,9 @@ from torpor.processors.model import (
     TransientModelError,
 )
 from torpor.processors.providers.anthropic_provider import AnthropicProvider, anthropic_client
+from torpor.processors.providers.bedrock_provider import BedrockProvider, bedrock_client
 from torpor.processors.providers.openai_compat import OpenAICompatProvider, openai_client
-from torpor.processors.providers.settings import EndpointSettings
+from torpor.processors.providers.settings import BedrockSettings, EndpointSettings
 from torpor.schemas.records import TextBlock
 
 CITY: Final = '{"city": "Paris"}'
@@ -80,6 +81,28 @@ def _anthropic_reply(scenario: str) -> wire.Reply:
     }[scenario]
 
 
+def _bedrock_reply(scenario: str) -> wire.Reply:
+    bw = bedrock_wire
+    return {
+        "text": bw.stream(bw.cv_text("Sunny ", "in Paris.")),
+        "tools": bw.stream(
+            [
+                bw.cv_start(),
+                *bw.cv_tool(0, "tooluse_0", CITY),
+                *bw.cv_tool(1, "tooluse_1", CITY),
+                *bw.cv_end("tool_use"),
+            ]
+        ),
+        "transient": bw.error_reply(503, "ServiceUnavailableException", "overloaded"),
+        "permanent": bw.error_reply(400, "ValidationException", "bad"),
+    }[scenario]
+
+
+@pytest.fixture(autouse=True)
+def _aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    bedrock_wire.client_environment(monkeypatch)  # dummy credentials; the others ignore them
+
+
 @asynccontextmanager
 async def scripted(scenario: str) -> AsyncIterator[ModelProvider]:
     yield ScriptedModel([ScriptRule(turns=(_scripted_turn(scenario),))])
@@ -99,7 +122,14 @@ async def anthropic(scenario: str) -> AsyncIterator[ModelProvider]:
         yield AnthropicProvider(anthropic_client(settings), "claude-sonnet-4-5", settings)
 
 
-PROVIDERS: Final = {"scripted": scripted, "openai": openai, "anthropic": anthropic}
+@asynccontextmanager
+async def bedrock(scenario: str) -> AsyncIterator[ModelProvider]:
+    async with wire.WireServer([_bedrock_reply(scenario)]) as server:
+        settings = BedrockSettings(region=bedrock_wire.REGION, endpoint=EndpointSettings(base_url=server.url))
+        yield BedrockProvider(bedrock_client(settings), bedrock_wire.MODEL, settings)
+
+
+PROVIDERS: Final = {"scripted": scripted, "openai": openai, "anthropic": anthropic, "bedrock": bedrock}
 ASK: Final = request(history(user("Weather in Paris, twice?")), tools=(WEATHER,))
 
 

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
-from tests.processors.providers import wire
+from tests.processors.providers import bedrock_wire, wire
 from tests.processors.providers.samples import collect, history, request, run, user
 from torpor.processors.model import PermanentModelError, ScriptedModel, ScriptedTurn, ScriptRule
 from torpor.processors.providers.anthropic_provider import AnthropicProvider
+from torpor.processors.providers.bedrock_provider import BedrockProvider
 from torpor.processors.providers.openai_compat import OpenAICompatProvider
-from torpor.processors.providers.registry import Backend, ModelRef, ModelRouter, parse_model, provider_for
-from torpor.processors.providers.settings import EndpointSettings, ProviderSettings
+from torpor.processors.providers.registry import (
+    BEDROCK_EXTRA,
+    Backend,
+    ModelRef,
+    ModelRouter,
+    parse_model,
+    provider_for,
+)
+from torpor.processors.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.records import TextBlock
 from torpor.streams.config import Secret
@@ -23,6 +35,10 @@ from torpor.streams.config import Secret
         ("openai:Qwen/Qwen2.5-7B-Instruct", ModelRef(Backend.OPENAI, "Qwen/Qwen2.5-7B-Instruct")),
         ("openai:llama3.1:8b", ModelRef(Backend.OPENAI, "llama3.1:8b")),  # Ollama tags keep their colon
         ("anthropic:claude-sonnet-4-5", ModelRef(Backend.ANTHROPIC, "claude-sonnet-4-5")),
+        (  # Bedrock model ids and inference profiles keep their colons
+            "bedrock:us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            ModelRef(Backend.BEDROCK, "us.anthropic.claude-sonnet-4-5-20250929-v1:0"),
+        ),
         ("scripted", ModelRef(Backend.SCRIPTED, "scripted")),
     ],
 )
@@ -31,7 +47,7 @@ def test_model_strings_name_the_api_and_the_model(model: str, ref: ModelRef) -> 
     assert str(ref) == model
 
 
-@pytest.mark.parametrize("model", ["gpt-4o", "bedrock:claude", "openai:", "anthropic", ""])
+@pytest.mark.parametrize("model", ["gpt-4o", "vertex:claude", "openai:", "anthropic", "bedrock:", ""])
 def test_a_bad_model_string_refuses_to_start(model: str) -> None:
     with pytest.raises(ConfigError):
         parse_model(model)
@@ -44,6 +60,80 @@ def test_provider_for_builds_the_named_adapter() -> None:
     assert str(openai.client.base_url).startswith("http://localhost:11434/v1")
     assert isinstance(provider_for("anthropic:claude-haiku-4-5", settings), AnthropicProvider)
     assert isinstance(provider_for("scripted", settings), ScriptedModel)
+
+
+def test_provider_for_builds_bedrock_for_the_configured_region_and_endpoint() -> None:
+    settings = ProviderSettings(
+        bedrock=BedrockSettings(
+            region="eu-west-3", endpoint=EndpointSettings(base_url="http://127.0.0.1:4566")
+        )
+    )
+    bedrock = provider_for("bedrock:amazon.nova-lite-v1:0", settings)
+    assert isinstance(bedrock, BedrockProvider) and bedrock.model == "amazon.nova-lite-v1:0"
+    assert bedrock.client.meta.region_name == "eu-west-3"
+    assert bedrock.client.meta.endpoint_url == "http://127.0.0.1:4566"
+    assert [m.name for m in bedrock.models()] == ["bedrock:amazon.nova-lite-v1:0"]
+
+
+def test_a_bedrock_model_without_a_region_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--bedrock-region"):
+        provider_for("bedrock:amazon.nova-lite-v1:0", ProviderSettings())
+    with pytest.raises(ConfigError, match="--bedrock-region"):
+        ModelRouter(ProviderSettings(), default_model="bedrock:amazon.nova-lite-v1:0")
+    router = ModelRouter(ProviderSettings(), default_model="scripted")
+    with pytest.raises(PermanentModelError, match="--bedrock-region"):
+        run(collect(router.complete(request(history(user("hi")), model="bedrock:amazon.nova-lite-v1:0"))))
+
+
+# A fresh interpreter in which boto3 cannot be imported: every other backend still runs.
+_WITHOUT_BOTO3 = textwrap.dedent(
+    """
+    import asyncio, sys
+    sys.modules["boto3"] = None  # what `import boto3` meets when the extra is not installed
+    from torpor.processors.model import PermanentModelError, ScriptedTurn, ScriptRule
+    from torpor.processors.providers.registry import ModelRouter, provider_for
+    from torpor.processors.providers.settings import BedrockSettings, ProviderSettings
+    from torpor.schemas.errors import ConfigError
+    from tests.processors.providers.samples import collect, history, request, user
+
+    settings = ProviderSettings(bedrock=BedrockSettings(region="us-east-1"))
+    script = [ScriptRule(turns=(ScriptedTurn(chunks=("fine",)),))]
+    router = ModelRouter(settings, default_model="scripted", script=script)
+    _, done = asyncio.run(collect(router.complete(request(history(user("hi"))))))
+    print("scripted:", done.content[0].text)
+    print("openai:", type(provider_for("openai:gpt-4o-mini", settings)).__name__)
+    try:
+        asyncio.run(collect(router.complete(request(history(user("hi")), model="bedrock:m"))))
+    except PermanentModelError as exc:
+        print("request:", exc)
+    try:
+        ModelRouter(settings, default_model="bedrock:m")
+    except ConfigError as exc:
+        print("start:", exc)
+    print("boto3 imported:", any(name.startswith("botocore") for name in sys.modules))
+    """
+)
+
+
+def test_without_boto3_every_other_backend_runs_and_bedrock_says_what_to_install() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_BOTO3], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = dict(line.split(": ", 1) for line in ran.stdout.splitlines())
+    assert (lines["scripted"], lines["openai"]) == ("fine", "OpenAICompatProvider")
+    assert BEDROCK_EXTRA in lines["request"] and BEDROCK_EXTRA in lines["start"]
+    assert lines["boto3 imported"] == "False"
+
+
+def test_bedrock_settings_name_a_region_and_take_no_key() -> None:
+    with pytest.raises(ConfigError):
+        BedrockSettings(region="us east 1")
+    with pytest.raises(ConfigError):
+        BedrockSettings(region="us-east-1", endpoint=EndpointSettings(api_key=Secret("AKIA-no")))
+    with pytest.raises(ConfigError):
+        BedrockSettings(endpoint=EndpointSettings(base_url="bedrock.local"))
+    assert BedrockSettings(region="us-gov-west-1").region == "us-gov-west-1"
 
 
 def test_the_key_never_appears_in_a_repr() -> None:
@@ -93,10 +183,40 @@ def test_the_router_serves_each_request_by_its_own_model() -> None:
     assert names == ["scripted", "openai:gpt-4o-mini"]
 
 
+def test_the_router_serves_bedrock_with_one_client_for_every_model_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bedrock_wire.client_environment(monkeypatch)
+    bw = bedrock_wire
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        replies = [bw.stream(bw.cv_text("one")), bw.stream(bw.cv_text("two"))]
+        async with wire.WireServer(replies) as server:
+            endpoint = EndpointSettings(base_url=server.url)
+            settings = ProviderSettings(bedrock=BedrockSettings(region=bw.REGION, endpoint=endpoint))
+            router = ModelRouter(settings, default_model="bedrock:amazon.nova-lite-v1:0")
+            client = router.provider(parse_model("bedrock:x"))
+            _, first = await collect(router.complete(request(history(user("hi")))))
+            _, second = await collect(
+                router.complete(request(history(user("hi")), model="bedrock:other-model"))
+            )
+            again = router.provider(parse_model("bedrock:y"))
+            assert isinstance(client, BedrockProvider) and isinstance(again, BedrockProvider)
+            assert client.client is again.client
+            names = [m.name for m in router.models()]
+            await router.aclose()
+            return [first.model, second.model], [r.path for r in server.requests], names
+
+    models, paths, names = run(scenario())
+    assert models == ["bedrock:amazon.nova-lite-v1:0", "bedrock:other-model"]
+    assert paths == ["/model/amazon.nova-lite-v1%3A0/converse-stream", "/model/other-model/converse-stream"]
+    assert names == ["bedrock:amazon.nova-lite-v1:0", "bedrock:other-model"]
+
+
 def test_the_router_fails_a_request_for_an_unknown_model_permanently() -> None:
     router = ModelRouter(ProviderSettings(), default_model="scripted")
     with pytest.raises(PermanentModelError):
-        run(collect(router.complete(request(history(user("hi")), model="bedrock:claude"))))
+        run(collect(router.complete(request(history(user("hi")), model="vertex:claude"))))
 
 
 def test_the_router_refuses_a_bad_default_model() -> None:

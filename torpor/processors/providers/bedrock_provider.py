@@ -22,7 +22,7 @@ boto3 is synchronous, so the call and the reading of its stream run on a thread 
 their own (`_StreamThread`), handing each event to the event loop through a queue: the
 model stage's loop never blocks on Bedrock, and one slow stream never holds a worker of
 the loop's shared executor. Closing the generator (the stage cancelled it, a stall, an
-error) closes the HTTP stream, which ends the thread.
+error) interrupts the HTTP stream, which ends the thread at once.
 
 boto3's own retries are off (one attempt): the model stage owns retrying. Credentials
 come from boto3's standard chain; the region and endpoint URL from `BedrockSettings`.
@@ -31,6 +31,7 @@ come from boto3's standard chain; the region and endpoint URL from `BedrockSetti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -127,8 +128,8 @@ class _StreamThread:
     """Runs one blocking `converse_stream` call and reads its stream, off the event loop.
 
     Each event (or the exception that ended the stream, or `_End`) reaches `queue` through
-    `loop.call_soon_threadsafe`. `close()` is called from the loop; it closes the HTTP
-    stream, so a read blocked on the socket returns and the thread ends.
+    `loop.call_soon_threadsafe`. `close()` is called from the loop; it interrupts the
+    HTTP stream, so a read blocked on the socket returns and the thread ends.
     """
 
     loop: asyncio.AbstractEventLoop
@@ -144,15 +145,17 @@ class _StreamThread:
     def _run(self, call: Callable[[], ConverseStreamResponseTypeDef]) -> None:
         try:
             self.stream = call()["stream"]
-            if self.closed.is_set():  # closed while the call was opening: nobody will read
-                self.stream.close()
-                return
-            for event in self.stream:
-                self._put(event)
-            self._put(_End())
+            if not self.closed.is_set():  # else closed while the call was opening: nobody reads
+                for event in self.stream:
+                    self._put(event)
+                self._put(_End())
         except Exception as exc:
             if not self.closed.is_set():
                 self._put(exc)
+        finally:
+            # Closed here, on the thread that reads it (see `close`).
+            if self.stream is not None:
+                self.stream.close()
 
     def _put(self, item: ConverseStreamOutputTypeDef | Exception | _End) -> None:
         try:
@@ -161,10 +164,20 @@ class _StreamThread:
             self.closed.set()
 
     def close(self) -> None:
+        """Stop reading, from the loop, without waiting for the thread.
+
+        Closing the HTTP response from here would block on the buffer lock that the
+        thread's pending read holds; shutting the socket's read side down instead makes
+        that read return at once (urllib3's `HTTPResponse.shutdown`), and the thread then
+        closes the stream itself. A stream that is not open yet is closed by the thread
+        when its call returns.
+        """
         self.closed.set()
-        stream = self.stream
-        if stream is not None:
-            stream.close()
+        response = getattr(self.stream, "_raw_stream", None)  # botocore keeps urllib3's response there
+        shutdown = getattr(response, "shutdown", None)
+        if shutdown is not None:
+            with contextlib.suppress(ValueError, RuntimeError, OSError):  # already closed or released
+                shutdown()
 
 
 @dataclass(frozen=True, slots=True)
