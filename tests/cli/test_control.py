@@ -3,8 +3,9 @@
 A thread created with a model string no provider serves parks on its first completion
 (an error Completion, loudly). `torpor control THREAD set_model --model scripted` switches
 it, `torpor control THREAD unpark` asks the model again, and the scripted model answers:
-all of it visible in `torpor tail`. Flags that do not go together are refused before
-anything is produced.
+all of it visible in `torpor tail`. After `stop`, `torpor send --wait` reports the
+`stopped` receipt and exits 1. Flags that do not go together are refused before anything
+is produced.
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ def control(deployment: Deployment, *args: str) -> str:
 def test_a_thread_parked_on_a_bad_model_is_switched_and_unparked(deployment: Deployment,
                                                                  tmp_path: Path) -> None:
     thread = f"agent-{uuid.uuid4().hex[:8]}"
-    sent = deployment.run([TORPOR, "send", thread, "hello", "--new", "--model", "nowhere:model"])
+    sent = deployment.run([TORPOR, "send", thread, "hello", "--new", "--model", "nowhere:model",
+                           "--wait", "60"])
     assert sent.returncode == 0, sent.stderr
+    assert [line.split()[2] for line in sent.stdout.splitlines() if line.startswith("receipt ")] == \
+        ["applied", "applied"], sent.stdout
     wait_until(lambda: " parked " in shown(deployment, thread, tmp_path), timeout=120,
                message=f"the thread parks; processor log:\n{deployment.log('processor')[-3000:]}")
 
@@ -72,6 +76,11 @@ def test_a_thread_parked_on_a_bad_model_is_switched_and_unparked(deployment: Dep
     text = wait_until(answered, timeout=120, message="the answer after the switch")
     assert "model_set " in text and "model=scripted" in text
     assert " unparked " in text
+
+    control(deployment, thread, "stop", "--reason", "done")
+    late = deployment.run([TORPOR, "send", thread, "hello again", "--wait", "60"])
+    assert late.returncode == 1, late
+    assert " stopped (done)" in late.stdout and "not applied" in late.stderr, late
 
 
 def test_flags_that_do_not_go_together_are_refused(deployment: Deployment) -> None:

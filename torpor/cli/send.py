@@ -2,9 +2,11 @@
 
 Output contract: the message id of each input produced, one per line (`created <id>`
 first with `--new`), after the broker acknowledged it; exit 1 with the reason if it did
-not. The input goes to the thread's partition of `inputs` (Java-compatible murmur2, like
-every producer), source `user:<name>`. `--message-id` makes a retried send a duplicate
-the fold absorbs; without it every send is a new message.
+not. With `--wait SECONDS`, then one `receipt <id> <disposition> (<reason>)` line per
+input as the processor folds it; exit 1 if one is neither applied nor a duplicate, or
+if a receipt did not come in time. The input goes to the thread's partition of `inputs`
+(Java-compatible murmur2, like every producer), source `user:<name>`. `--message-id`
+makes a retried send a duplicate the fold absorbs; without it every send is a new message.
 
 `--new` creates the thread first. Its configuration comes from `--thread-config FILE`
 (TOML, the keys below) and flags, flags winning::
@@ -41,11 +43,14 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import TorporError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
+    APPLIED,
+    DUPLICATE,
     Budgets,
     Capability,
     CreateThread,
     Input,
     InputBody,
+    Receipt,
     TextBlock,
     ThreadConfig,
     ToolSpec,
@@ -53,6 +58,8 @@ from torpor.schemas.records import (
 )
 from torpor.streams.clients import make_producer
 from torpor.streams.config import Settings
+from torpor.streams.deadline import Deadline
+from torpor.streams.observer import Observed, Observer, Position
 from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
 
@@ -201,6 +208,8 @@ def _resolve(names: list[str], settings: Settings) -> tuple[ToolSpec, ...]:
 @click.option("--instructions", default=None, help="The new thread's system prompt.")
 @click.option("--source", default=None, help="The input's source (default user:<login name>).")
 @click.option("--message-id", default=None, help="A stable id, so a retried send is a duplicate.")
+@click.option("--wait", "wait_s", type=float, default=None, metavar="SECONDS",
+              help="Wait this long for the receipts and print them; exit 1 if one is not applied.")
 @settings_options
 def send(
     thread: str,
@@ -212,6 +221,7 @@ def send(
     instructions: str | None,
     source: str | None,
     message_id: str | None,
+    wait_s: float | None,
     config_file: Path | None,
     bootstrap: str | None,
 ) -> None:
@@ -255,8 +265,35 @@ def send(
         )
     records.append(envelope(thread, message_id, who, UserMessage((TextBlock(text),))))
     try:
-        produce_inputs(settings, records)
+        with Observer(settings, receipts=True) as observer:
+            # The receipts' end before producing: what the wait reads from, so none is missed.
+            start = observer.start(at_end=True) if wait_s is not None else None
+            produce_inputs(settings, records)
+            for record in records:
+                said = "created" if isinstance(record.body, CreateThread) else "sent"
+                click.echo(f"{said} {record.message_id}")
+            if start is not None and wait_s is not None:
+                _await_receipts(observer, start, thread, [r.message_id for r in records], wait_s)
     except TorporError as error:
         raise click.ClickException(str(error)) from None
-    for record in records:
-        click.echo(f"{'created' if isinstance(record.body, CreateThread) else 'sent'} {record.message_id}")
+
+
+def _await_receipts(observer: Observer, start: Position, thread: str, ids: list[str], wait_s: float) -> None:
+    waiting = set(ids)
+    refused: list[str] = []
+    try:
+        for item in observer.follow(start, threads=[thread], deadline=Deadline.after(wait_s)):
+            receipt = item.record if isinstance(item, Observed) else None
+            if isinstance(receipt, Receipt) and receipt.input_id in waiting:
+                waiting.discard(receipt.input_id)
+                reason = f" ({receipt.reason})" if receipt.reason else ""
+                click.echo(f"receipt {receipt.input_id} {receipt.disposition}{reason}")
+                if receipt.disposition not in (APPLIED, DUPLICATE):
+                    refused.append(receipt.input_id)
+                if not waiting:
+                    break
+    except TimeoutError:
+        raise click.ClickException(f"no receipt for {sorted(waiting)} within {wait_s:g} s: the input is on "
+                                   "the topic; is a processor running for this topic prefix?") from None
+    if refused:
+        raise click.ClickException(f"not applied: {', '.join(refused)}")
