@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from torpor.cli.render import Renderer
+from torpor.cli.render import MAX_NAMES, Renderer
 from torpor.schemas.records import HistoryEntry, Receipt, TextBlock, ThreadEvent, UserEntry
 from torpor.streams.observer import Observed, Undecodable
 
@@ -67,3 +67,11 @@ def test_an_approval_line_carries_the_whole_command_and_bad_records_are_shown() 
                          f"--thread {ROOT}")
     bad = renderer.render(Undecodable("events", 2, 41, "not Avro"))
     assert bad is not None and bad.endswith("undecodable      events[2]@41: not Avro")
+
+
+def test_a_tail_of_every_thread_keeps_only_the_newest_names() -> None:
+    renderer = Renderer()
+    for i in range(MAX_NAMES + 5):
+        renderer.render(event(f"parent-{i}", "child_spawned", {"child_thread_id": f"tp_{i:032x}"}))
+    assert len(renderer.names) == MAX_NAMES
+    assert f"tp_{0:032x}" not in renderer.names and f"tp_{MAX_NAMES + 4:032x}" in renderer.names

@@ -32,6 +32,7 @@ from torpor.streams.observer import Item, Observed
 
 WIDTH = 110
 APPROVAL = "approval?"
+MAX_NAMES = 10_000
 # Events whose entry says it all: the kind column names the entry, not the event.
 _ENTRY_KINDS = {
     UserEntry: "user",
@@ -129,6 +130,10 @@ class Renderer:
     def _adopt(self, parent: str, child: str, kind: str) -> None:
         if child in self.names or not self.follows(parent):
             return
+        if self.root is None and len(self.names) >= MAX_NAMES:
+            # Every thread's tail keeps the newest names only (the oldest falls back to its id),
+            # so its state stays small however long it runs. A thread's own tree is not cut.
+            del self.names[next(iter(self.names))]
         self.names[child] = f"{self.name(parent)}/{kind}:{child.removeprefix('tp_')[:6]}"
 
     def _line(self, thread_id: str, created_at: int, kind: str, text: str) -> str:
