@@ -22,14 +22,26 @@ exception (`error_reply`), which is what botocore reads the error code from.
 boto3 is pointed at the server with `endpoint_url`, dummy credentials (`CREDENTIALS`,
 set by `client_environment`) and region `us-east-1`; it signs its requests, and the
 server records them like any other.
+
+The one departure from Bedrock: `WireServer` labels every streamed reply
+`text/event-stream`, not `application/vnd.amazon.eventstream` (botocore decodes the body
+by the operation's shape and never reads the label).
+
+Run as a program, it is a stand-in Bedrock endpoint for trying `torpor processor` by hand:
+`python -m tests.processors.providers.bedrock_wire --port 8768 --fail 429` answers the
+first request with a ThrottlingException, then every request with a short streamed text
+turn, and prints one line per request it received.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import json
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import pytest
@@ -149,3 +161,61 @@ def decoded(frames: Iterable[bytes]) -> Iterator[tuple[dict[str, str], wire.JSON
         buffer.add_data(raw)
         for message in buffer:
             yield dict(message.headers), json.loads(message.payload)
+
+
+# --- a stand-in endpoint, for trying the processor by hand ---------------------------
+
+# What a failure status answers with: the exception Bedrock names for it.
+_STAND_IN_ERRORS: Final = {
+    400: "ValidationException",
+    403: "AccessDeniedException",
+    404: "ResourceNotFoundException",
+    429: "ThrottlingException",
+    500: "InternalServerException",
+    503: "ServiceUnavailableException",
+}
+
+
+def _print_request(recorded: wire.Recorded) -> None:
+    # Whether the request was signed, never the signature.
+    signed = recorded.headers.get("authorization", "").startswith("AWS4-HMAC-SHA256")
+    messages = len(recorded.body.get("messages", []))
+    print(f"{recorded.method} {recorded.path} messages={messages} signed={signed}", flush=True)
+
+
+async def _stand_in(server: wire.WireServer) -> None:
+    async with server:
+        print(f"serving at {server.url}", flush=True)
+        await asyncio.Event().wait()  # until interrupted
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.processors.providers.bedrock_wire", description="A stand-in Bedrock endpoint."
+    )
+    parser.add_argument("--port", type=int, default=8768)
+    parser.add_argument(
+        "--fail",
+        type=int,
+        action="append",
+        default=[],
+        choices=sorted(_STAND_IN_ERRORS),
+        metavar="STATUS",
+        help="answer the next request with this HTTP status first (repeatable)",
+    )
+    parser.add_argument("--text", default="Hello from the Bedrock stand-in.")
+    args = parser.parse_args(argv)
+    words = args.text.split(" ")
+    turn = stream(cv_text(*[w + " " for w in words[:-1]], words[-1]))
+    errors = [
+        error_reply(status, _STAND_IN_ERRORS[status], f"stand-in failure {status}") for status in args.fail
+    ]
+    server = wire.WireServer(
+        [*errors, *([turn] * wire.STAND_IN_TURNS)], port=args.port, on_request=_print_request
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_stand_in(server))
+
+
+if __name__ == "__main__":
+    main()

@@ -279,6 +279,28 @@ def test_closing_the_stream_early_ends_its_thread() -> None:
     assert len(run(scenario())) == 1
 
 
+def test_cancelling_the_waiting_task_ends_the_stream_and_its_thread() -> None:
+    async def scenario() -> bool:
+        async with wire.WireServer([bw.stream(bw.cv_text("Sunny ", "in Paris."), stall_after=3)]) as server:
+            seen = asyncio.Event()
+
+            async def consume() -> None:
+                async for _ in _provider(server.url).complete(ASK):
+                    seen.set()
+
+            task = asyncio.create_task(consume())
+            await seen.wait()
+            task.cancel()  # the stage giving up on a completion (a stop, a revoked partition)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.to_thread(
+                wait_until, lambda: not _stream_threads(), 5, "the cancelled stream's thread is still reading"
+            )
+            return task.cancelled()
+
+    assert run(scenario())
+
+
 def test_an_unreachable_endpoint_is_transient() -> None:
     provider = _provider("http://127.0.0.1:9", connect_timeout_s=1)
     with pytest.raises(TransientModelError):

@@ -25,6 +25,7 @@ from torpor.processors.providers.errors import IncompleteStreamError
 from torpor.processors.providers.mapping_bedrock import (
     BLANK,
     OPEN_SCHEMA,
+    OPENING,
     REDACTED,
     UNGRANTED,
     ConverseTurn,
@@ -80,25 +81,31 @@ def test_parallel_calls_and_their_results_with_an_error_status() -> None:
 
 
 def test_a_call_without_a_recorded_result_is_answered_with_an_error() -> None:
-    _, answer = _messages(assistant("", A))
+    _, _, answer = _messages(assistant("", A))
     assert answer["content"] == [
         {"toolResult": {"toolUseId": "call-a", "content": [{"text": NO_RESULT}], "status": "error"}}
     ]
 
 
 def test_malformed_arguments_are_shown_under_one_key() -> None:
-    (call, _) = _messages(assistant("", ToolCall("call-x", "get_weather", "{not json")))
+    (_, call, _) = _messages(assistant("", ToolCall("call-x", "get_weather", "{not json")))
     assert call["content"][0]["toolUse"]["input"] == {"invalid_arguments": "{not json"}
 
 
 def test_user_text_after_results_joins_their_message() -> None:
-    messages = _messages(assistant("", A), result("call-a", "sun"), user("thanks"))
-    assert [m["role"] for m in messages] == ["assistant", "user"]
-    assert [next(iter(b)) for b in messages[1]["content"]] == ["toolResult", "text"]
+    messages = _messages(user("q"), assistant("", A), result("call-a", "sun"), user("thanks"))
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert [next(iter(b)) for b in messages[2]["content"]] == ["toolResult", "text"]
+
+
+def test_a_history_that_opens_with_an_assistant_turn_gets_a_user_message_first() -> None:
+    messages = _messages(event(), user("and?"))
+    assert messages[0] == {"role": "user", "content": [{"text": OPENING}]}
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
 
 
 def test_an_event_is_a_tool_use_and_its_tool_result() -> None:
-    call, answer = plain(_messages(event()))
+    _, call, answer = plain(_messages(event()))
     (use,) = call["content"]
     assert use["toolUse"]["toolUseId"] == "ev-1" and use["toolUse"]["name"] == INJECTED_TOOL
     assert use["toolUse"]["input"] == {
@@ -140,28 +147,28 @@ def test_images_are_raw_bytes_or_a_placeholder() -> None:
 def test_an_image_in_a_tool_result_stays_an_image() -> None:
     text = result("call-a", "the screen")
     shot = dataclasses.replace(text, content=(*text.content, ImageBlock("image/jpeg", b"jpg")))
-    (_, answer) = _messages(assistant("", A), shot)
+    (_, _, answer) = _messages(user("q"), assistant("", A), shot)
     content = answer["content"][0]["toolResult"]["content"]
     assert content == [{"text": "the screen"}, {"image": {"format": "jpeg", "source": {"bytes": b"jpg"}}}]
 
 
 def test_signed_reasoning_goes_first_unsigned_is_dropped_redacted_is_restored() -> None:
-    (message, _) = _messages(assistant("answer", A, thinking=ThinkingBlock("hmm", "sig-1")))
+    (_, message, _) = _messages(user("q"), assistant("answer", A, thinking=ThinkingBlock("hmm", "sig-1")))
     assert [next(iter(b)) for b in message["content"]] == ["reasoningContent", "text", "toolUse"]
     assert message["content"][0] == {
         "reasoningContent": {"reasoningText": {"text": "hmm", "signature": "sig-1"}}
     }
-    (unsigned,) = _messages(assistant("x", thinking=ThinkingBlock("hmm", None)))
+    (_, unsigned) = _messages(user("q"), assistant("x", thinking=ThinkingBlock("hmm", None)))
     assert unsigned["content"] == [{"text": "x"}]
     opaque = base64.b64encode(b"\x00opaque").decode()
-    (redacted,) = _messages(assistant("", thinking=ThinkingBlock("", REDACTED + opaque)))
+    (_, redacted) = _messages(user("q"), assistant("", thinking=ThinkingBlock("", REDACTED + opaque)))
     assert redacted["content"] == [{"reasoningContent": {"redactedContent": b"\x00opaque"}}]
 
 
 def test_blank_content_is_never_sent() -> None:
     (message,) = _messages(user(""))
     assert message["content"] == [{"text": BLANK}]
-    (_, answer) = _messages(assistant("", A), result("call-a", ""))
+    (_, _, answer) = _messages(user("q"), assistant("", A), result("call-a", ""))
     assert answer["content"][0]["toolResult"]["content"] == [{"text": BLANK}]
 
 
@@ -268,7 +275,7 @@ def test_a_finished_turn_goes_back_exactly_as_it_came() -> None:
     ]
     _, turn = _fold(events)
     done = turn.finished()
-    (sent, _) = _messages(AssistantEntry(done.content, done.tool_calls, done.model, done.usage))
+    (_, sent, _) = _messages(user("q"), AssistantEntry(done.content, done.tool_calls, done.model, done.usage))
     assert sent["content"] == [
         {"reasoningContent": {"reasoningText": {"text": "hmm", "signature": "sig"}}},
         {"reasoningContent": {"redactedContent": b"\x01\x02"}},

@@ -6,7 +6,7 @@ needs no change to handle them::
 
     ModelError
     ├── TransientModelError          retry after a backoff
-    │   ├── RateLimitedError         429 / overloaded; `retry_after_s` when the server said
+    │   ├── RateLimitedError         429 / overloaded / Bedrock throttling; `retry_after_s` if given
     │   ├── StreamStalledError       no chunk within the stall timeout
     │   └── IncompleteStreamError    the stream ended without its final message
     └── PermanentModelError          400, 401, 403, 404, 422: fix the request or the settings

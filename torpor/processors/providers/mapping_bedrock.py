@@ -2,7 +2,7 @@
 
 Requests. `converse_messages(history, supports_images)` spells the turns of
 `turns.conversation` as alternating `user` and `assistant` messages (adjacent turns of
-one role become one message, as Converse requires):
+one role become one message, and the first is a user message, as Converse requires):
 
 - user text and images as `text` and `image` blocks (raw bytes: boto3 encodes them); an
   image of a format Converse does not take becomes a note; empty text, which Converse
@@ -69,6 +69,10 @@ if TYPE_CHECKING:
 REDACTED: Final = "bedrock_redacted:"
 BLANK: Final = "(no content)"
 """The text of a message or result with none: Converse refuses blank text and empty content."""
+OPENING: Final = "(the conversation so far follows)"
+"""The user message put first when the history opens with an assistant turn (an event
+that reached a thread before any user text): Converse refuses a conversation that does
+not start with a user message."""
 UNGRANTED: Final = "Not available in this conversation any more; do not call it."
 """The description of a tool declared only because the history shows calls to it."""
 
@@ -164,6 +168,8 @@ def converse_messages(history: Iterable[HistoryEntry], supports_images: bool) ->
                 role, blocks = "assistant", _answered(turn)
             case Results():
                 role, blocks = "user", _results(turn)
+        if not messages and role == "assistant":
+            messages.append({"role": "user", "content": [{"text": OPENING}]})
         if messages and messages[-1]["role"] == role:
             messages[-1] = {"role": role, "content": [*messages[-1]["content"], *blocks]}
         else:
