@@ -172,3 +172,38 @@ def test_a_watched_call_returns_its_value_or_raises_its_own_error() -> None:
     assert _watched("init_transactions", lambda timeout: timeout * 2, 1.0, 1.0) == 2.0
     with pytest.raises(KeyError):
         _watched("abort_transaction", lambda timeout: {}["missing"], 1.0, 1.0)
+
+
+@pytest.mark.kafka
+def test_a_lone_input_is_committed_at_once_not_at_the_commit_interval(rig: CounterRig) -> None:
+    # The next hop of a turn waits for this commit: with nothing more waiting the loop
+    # commits after `commit_linger`, long before an interval chosen far beyond the wait.
+    from tests.streams.counter_task import CounterTask
+    from torpor.streams.clients import make_consumer, make_producer
+    from torpor.streams.config import KafkaSettings, Settings
+    from torpor.streams.loop import CheckpointLoop, LoopSettings
+
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=rig.bootstrap))
+    loop = CheckpointLoop(
+        make_consumer(settings, rig.group, instance_id="i0"),
+        make_producer(settings, transactional_id=f"{rig.group}-i0"),
+        make_consumer(settings, f"{rig.group}.restore"),
+        lambda partition: CounterTask(rig.store, partition, rig.out, rig.parked),
+        LoopSettings(rig.inputs, rig.changelog, commit_interval=120.0, commit_every=1_000_000),
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=loop.run, args=(stop.is_set,), daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: loop.owned_partitions == [0, 1, 2] or None, 60, "the loop owns every partition")
+        first = rig.produce_inputs(1)
+        rig.wait_for_out(1, timeout=20)  # a sixth of the interval: committed because idle
+        more = rig.produce_inputs(5, first=1)
+        rig.wait_for_out(6, timeout=20)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+        loop.close()
+    assert not runner.is_alive()
+    assert loop.commits >= 2
+    assert_exactly_once(rig, first + more)
