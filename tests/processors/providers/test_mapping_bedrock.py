@@ -185,6 +185,8 @@ def test_tool_specs_become_a_tool_config() -> None:
         ]
     }
     assert converse_tools((), _messages(user("hi"))) is None
+    undescribed = converse_tools((dataclasses.replace(WEATHER, description=""),), [])
+    assert undescribed is not None and "description" not in undescribed["tools"][0]["toolSpec"]
 
 
 def test_calls_in_history_are_declared_when_the_thread_grants_no_tools() -> None:

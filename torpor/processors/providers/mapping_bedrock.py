@@ -63,6 +63,7 @@ if TYPE_CHECKING:
         MessageTypeDef,
         ToolConfigurationTypeDef,
         ToolResultContentBlockTypeDef,
+        ToolSpecificationTypeDef,
         ToolTypeDef,
     )
 
@@ -193,16 +194,15 @@ def converse_tools(
 
     Raises `ValueError` if a spec's parameters are not JSON.
     """
-    specs: list[ToolTypeDef] = [
-        {
-            "toolSpec": {
-                "name": t.name,
-                "description": t.description,
-                "inputSchema": {"json": json.loads(t.parameters)},
-            }
+    specs: list[ToolTypeDef] = []
+    for tool in tools:
+        spec: ToolSpecificationTypeDef = {
+            "name": tool.name,
+            "inputSchema": {"json": json.loads(tool.parameters)},
         }
-        for t in tools
-    ]
+        if tool.description:  # optional, but never empty: boto3 refuses a blank one
+            spec["description"] = tool.description
+        specs.append({"toolSpec": spec})
     if not specs:
         specs = [
             {"toolSpec": {"name": name, "description": UNGRANTED, "inputSchema": {"json": OPEN_SCHEMA}}}
