@@ -68,7 +68,8 @@ if TYPE_CHECKING:
 PREFIX: Final = "bedrock"
 # Room for the answer beside a thinking budget, which Converse counts inside maxTokens.
 THINKING_HEADROOM_TOKENS: Final = 4096
-# Concurrent streams one client may hold open; each waiting completion holds one.
+# Connections one client keeps for reuse; each streaming completion holds one, and past
+# this many they are still opened, just not kept.
 MAX_POOL_CONNECTIONS: Final = 64
 
 
@@ -84,8 +85,8 @@ def bedrock_client(settings: BedrockSettings) -> BedrockRuntimeClient:
     config = botocore.config.Config(
         retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=endpoint.connect_timeout_s,
-        # A backstop below the stall guard, which is the real bound; it also frees the
-        # stream's thread once a stalled stream was given up on.
+        # A backstop behind the stall guard, which is the real bound (and whose give-up
+        # interrupts the read at once); this one only matters where that cannot.
         read_timeout=endpoint.stall_timeout_s * 2,
         max_pool_connections=MAX_POOL_CONNECTIONS,
     )
