@@ -4,14 +4,18 @@
   (vLLM, Ollama, llama.cpp, LiteLLM), streaming chat completions with tools;
 - `anthropic_provider.AnthropicProvider`: Anthropic Messages, with tool use and extended
   thinking (signatures kept);
+- `bedrock_provider.BedrockProvider`: Amazon Bedrock's Converse API (`converse_stream`
+  through boto3, an optional extra: `pip install 'torpor[bedrock]'`; imported only when a
+  `bedrock:` model is first used, so it is not re-exported here);
 - `registry.ModelRouter` / `provider_for`: pick one by a model string
-  (`openai:gpt-4o-mini`, `anthropic:claude-...`, `scripted`) from `settings.ProviderSettings`.
+  (`openai:gpt-4o-mini`, `anthropic:claude-...`, `bedrock:<model id>`, `scripted`) from
+  `settings.ProviderSettings`.
 
 How history is shown to a model is pure and lives apart from the clients:
-`turns` (the provider-neutral conversation), `mapping_openai`, `mapping_anthropic`.
+`turns` (the provider-neutral conversation), `mapping_openai`, `mapping_anthropic`,
+`mapping_bedrock`.
 Failures are classified in `errors` (extending the seam's `TransientModelError` and
 `PermanentModelError`); `stall` bounds how long a stream may stay silent.
-Bedrock is not implemented.
 """
 
 from __future__ import annotations

@@ -21,8 +21,14 @@ T = TypeVar("T")
 
 
 async def within(awaitable: Awaitable[T], stall_s: float, what: str) -> T:
-    """Await `awaitable`, or raise `StreamStalledError` naming `what` after `stall_s` seconds."""
+    """Await `awaitable`, or raise `StreamStalledError` naming `what` after `stall_s` seconds.
+
+    A cancellation of the caller always propagates (the stage cancels a completion that
+    is revoked or interrupted): `asyncio.timeout`, not `asyncio.wait_for`, which on
+    Python 3.11 returns the result instead when the cancel and the result coincide.
+    """
     try:
-        return await asyncio.wait_for(awaitable, stall_s)
+        async with asyncio.timeout(stall_s):
+            return await awaitable
     except TimeoutError as exc:
         raise StreamStalledError(f"{what}: nothing within the stall timeout of {stall_s:g}s") from exc
