@@ -21,7 +21,7 @@ from typing import Any, Final
 import click
 
 from torpor.cli.logs import configure
-from torpor.cli.settings import read_settings, settings_options
+from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.connectors.journal import EffectJournal
 from torpor.connectors.runtime import ConnectorFactory, ConnectorRuntime
 from torpor.schemas.errors import ConfigError, TorporError
@@ -32,7 +32,8 @@ TIMERS: Final = "torpor.connectors.timers:TimerConnector"
 
 _OPTIONS: Final = (
     click.option("--group", default=None,
-                 help="Consumer group of the outbox. Default: torpor-connector-<NAME>."),
+                 help="Consumer group of the outbox. Default: torpor-connector-<NAME>, or "
+                      "<topic prefix>connector-<NAME> under another topic prefix."),
     click.option("--journal-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                  help="The effect journal (RocksDB). Default: .torpor/connectors/<GROUP>. One per "
                       "connector process: two processes must not share it."),
@@ -102,7 +103,7 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
     factory = import_factory(target)
     signer = _signer(signing_key_id, signing_key)
     name = target.rpartition(":")[2]
-    group = group or f"torpor-connector-{name}"
+    group = group or default_group(settings, f"connector-{name}")
     journal_dir = journal_dir or Path(".torpor") / "connectors" / group
     try:
         journal = EffectJournal(journal_dir)

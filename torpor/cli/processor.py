@@ -22,7 +22,7 @@ import click
 from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import configure
 from torpor.cli.scenario import load
-from torpor.cli.settings import read_settings, settings_options
+from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.processors.processor import Processor, ProcessorConfig
 from torpor.processors.providers.registry import ModelRouter
 from torpor.processors.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
@@ -46,8 +46,9 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="Where the partitions' RocksDB stores live. Default: .torpor/stores/<instance>.")
 @click.option("--script", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="A scenario file whose [[model]] rules drive the scripted model.")
-@click.option("--app", default="torpor-processor", show_default=True,
-              help="The consumer group; instances of one app share the partitions.")
+@click.option("--app", default=None,
+              help="The consumer group; instances of one app share the partitions. Default: "
+                   "torpor-processor, or <topic prefix>processor under another topic prefix.")
 @click.option("--default-model", default="scripted", show_default=True, envvar="TORPOR_DEFAULT_MODEL",
               help="The model for a request whose thread names none: openai:<model>, "
                    "anthropic:<model>, bedrock:<model id> or scripted. Each thread's own model "
@@ -72,7 +73,7 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
                    "e.g. torpor.connectors.echo:EchoTool). It gets dispatches once committed.")
 @click.option("--log-level", default="info", show_default=True)
 @settings_options
-def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str,
+def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str | None,
               default_model: str, openai_base_url: str | None, openai_api_key_env: str,
               anthropic_base_url: str | None, anthropic_api_key_env: str, bedrock_region: str | None,
               bedrock_endpoint_url: str | None, connectors: tuple[str, ...],
@@ -84,6 +85,7 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: stopping.append(number))
     settings = read_settings(config_file, bootstrap)
+    app = app or default_group(settings, "processor")
     try:
         ensured = ensure_topics(make_admin(settings), settings, Deadline.after(ENSURE_TOPICS_SECONDS))
         rules = load(script).rules if script is not None else ()

@@ -15,7 +15,7 @@ from typing import TypeVar
 import click
 
 from torpor.schemas.errors import ConfigError
-from torpor.streams.config import Settings, load_settings
+from torpor.streams.config import Settings, TopicSettings, load_settings
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -47,3 +47,15 @@ def read_settings(config_file: Path | None, bootstrap: str | None) -> Settings:
         return load_settings(env, config_file)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
+
+
+def default_group(settings: Settings, role: str) -> str:
+    """The consumer group (and transactional id family) of `role` when none is given.
+
+    `torpor-<role>` under the default topic prefix, `<prefix><role>` under any other: two
+    deployments on one cluster (two prefixes) then never share a group, where a shared
+    one would split partitions across unrelated topics and, for processors, fence each
+    other's transactional ids.
+    """
+    prefix = settings.topics.prefix
+    return f"torpor-{role}" if prefix == TopicSettings().prefix else f"{prefix}{role}"
