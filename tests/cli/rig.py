@@ -2,7 +2,8 @@
 
 `deploy(...)` makes a `Deployment` (topics of its own) running `torpor processor` with
 `script` and `torpor connector run <target>`, and tears it all down afterwards. `send`
-and `start_thread` drive it through `torpor send`, as a user would.
+and `start_thread` drive it through `torpor send`, as a user would; `tailed` reads what
+`torpor tail` shows.
 """
 
 from __future__ import annotations
@@ -59,3 +60,11 @@ def start_thread(deployment: Deployment, thread: str, text: str, tool: str) -> N
     wait_until(lambda: deployment.run([TORPOR, "send", thread, text, "--new", "--tool", tool, "--model",
                                        "scripted"]).returncode == 0,
                timeout=60, message=f"send --new; connector log:\n{deployment.log('connector')[-2000:]}")
+
+
+def tailed(deployment: Deployment, thread: str, root: Path) -> str:
+    """What `torpor tail THREAD --receipts --no-follow` prints now, from the thread's start."""
+    done = deployment.run([TORPOR, "tail", thread, "--receipts", "--no-follow", "--restart", "--resume-file",
+                           str(root / "tail.json")])
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -19,7 +19,7 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import deploy, start_thread
+from tests.cli.rig import deploy, start_thread, tailed
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 
@@ -46,19 +46,12 @@ def deployment(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iter
         yield found
 
 
-def rendered(deployment: Deployment, thread: str, tmp_path: Path) -> str:
-    done = deployment.run([TORPOR, "tail", thread, "--receipts", "--no-follow", "--restart", "--resume-file",
-                           str(tmp_path / "tail.json")])
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_a_pending_approval_is_shown_and_decided_from_the_command_line(deployment: Deployment,
                                                                         tmp_path: Path) -> None:
     thread = f"agent-{uuid.uuid4().hex[:8]}"
     start_thread(deployment, thread, "please deploy to staging", "deploy")
     request = rf"approval\? +Deploy staging\? -> torpor approve (\S+) \{{approve\|reject\}} --thread {thread}"
-    asked = wait_until(lambda: re.search(request, rendered(deployment, thread, tmp_path)),
+    asked = wait_until(lambda: re.search(request, tailed(deployment, thread, tmp_path)),
                        timeout=120, message=f"the approval request; connector log:\n"
                                             f"{deployment.log('connector')[-2000:]}")
     approval_id = asked.group(1)
@@ -72,7 +65,7 @@ def test_a_pending_approval_is_shown_and_decided_from_the_command_line(deploymen
         assert done.stdout.startswith(f"decided {approval_id} approve")
 
     def finished() -> str | None:
-        shown = rendered(deployment, thread, tmp_path)
+        shown = tailed(deployment, thread, tmp_path)
         return shown if DONE in shown else None
 
     text = wait_until(finished,

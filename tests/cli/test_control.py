@@ -18,7 +18,7 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import deploy
+from tests.cli.rig import deploy, tailed
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 
@@ -41,13 +41,6 @@ def deployment(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iter
         yield found
 
 
-def shown(deployment: Deployment, thread: str, tmp_path: Path) -> str:
-    done = deployment.run([TORPOR, "tail", thread, "--receipts", "--no-follow", "--restart", "--resume-file",
-                           str(tmp_path / "tail.json")])
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def control(deployment: Deployment, *args: str) -> str:
     done = deployment.run([TORPOR, "control", *args])
     assert done.returncode == 0, done.stderr
@@ -62,7 +55,7 @@ def test_a_thread_parked_on_a_bad_model_is_switched_and_unparked(deployment: Dep
     assert sent.returncode == 0, sent.stderr
     assert [line.split()[2] for line in sent.stdout.splitlines() if line.startswith("receipt ")] == \
         ["applied", "applied"], sent.stdout
-    wait_until(lambda: " parked " in shown(deployment, thread, tmp_path), timeout=120,
+    wait_until(lambda: " parked " in tailed(deployment, thread, tmp_path), timeout=120,
                message=f"the thread parks; processor log:\n{deployment.log('processor')[-3000:]}")
 
     said = control(deployment, thread, "set_model", "--model", "scripted")
@@ -70,7 +63,7 @@ def test_a_thread_parked_on_a_bad_model_is_switched_and_unparked(deployment: Dep
     control(deployment, thread, "unpark", "--reason", "model fixed")
 
     def answered() -> str | None:
-        text = shown(deployment, thread, tmp_path)
+        text = tailed(deployment, thread, tmp_path)
         return text if ANSWER in text else None
 
     text = wait_until(answered, timeout=120, message="the answer after the switch")
