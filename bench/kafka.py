@@ -293,7 +293,12 @@ def run(
 
         create_topics(admin, pt_topics, partitions)
         for partition, key, value in inputs:
-            producer.produce(pt_topics[0], key=key, value=value, partition=partition)
+            while True:
+                try:
+                    producer.produce(pt_topics[0], key=key, value=value, partition=partition)
+                    break
+                except BufferError:  # 100,000 records queued: let deliveries drain it
+                    producer.poll(0.1)
             producer.poll(0)
         producer.flush(120)
         config = ProcessorConfig(instance="unused", store_dir=work)
