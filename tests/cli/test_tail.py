@@ -77,8 +77,10 @@ def shown(out: Path) -> int:
 
 def tail(deployment: Deployment, thread: str, resume: Path, out: Path) -> subprocess.Popen[bytes]:
     with out.open("wb") as sink:
-        return subprocess.Popen([TORPOR, "tail", thread, "--receipts", "--resume-file", str(resume)],
-                                env=deployment.env, stdout=sink, stderr=subprocess.PIPE)
+        process = subprocess.Popen([TORPOR, "tail", thread, "--receipts", "--resume-file", str(resume)],
+                                   env=deployment.env, stdout=sink, stderr=subprocess.PIPE)
+    deployment.processes.append(process)  # killed at teardown if the test fails before stopping it
+    return process
 
 
 def lines(path: Path) -> list[str]:
