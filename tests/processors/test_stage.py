@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from torpor.processors.model import (
     ScriptRule,
     TextDelta,
 )
+from torpor.processors.providers.errors import RateLimitedError
 from torpor.processors.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import MemoryStore
@@ -292,3 +294,38 @@ def test_the_history_cache_keeps_at_most_its_capacity_of_entries() -> None:
             store, f"t{i}", 0, request.history_len
         )
     assert len(cache) == 2
+
+
+@dataclass
+class Throttled:
+    """A provider that answers 429 with `retry-after` first, then text."""
+
+    hints: list[float | None]
+    model: str = "throttled"
+
+    def models(self) -> tuple[ModelInfo, ...]:
+        return (ModelInfo(self.model, 1000, False),)
+
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
+        if self.hints:
+            raise RateLimitedError("slow down", retry_after_s=self.hints.pop(0))
+        yield Finished((TextBlock("at last"),), (), Usage(0, 0, 0), self.model)
+
+
+def test_a_rate_limits_retry_after_is_waited_for_within_the_bound() -> None:
+    store = MemoryStore()
+    request = thread_awaiting_model(store)
+    sink = Sink()
+    config = StageConfig(backoff_initial_s=0.001, backoff_max_s=0.002, max_retry_after_s=0.2)
+
+    async def go() -> None:
+        stage = ModelStage(store, Throttled([0.05, None, 60.0]), sink, lambda: 5_000, config)
+        stage.submit(request)
+        await stage.wait_idle()
+
+    asyncio.run(go())
+    waits = [json.loads(e.data or "{}")["retry_in_s"] for e in sink.events if e.kind == "completion_retried"]
+    # The hint, the plain backoff without one, and a hint beyond the bound cut to it.
+    assert waits == [0.05, 0.002, 0.2]
+    (answer,) = sink.completions
+    assert isinstance(answer.body, Completion) and answer.body.error is None

@@ -26,7 +26,7 @@ from torpor.connectors.echo import EchoTool
 from torpor.connectors.router import ToolRouter
 from torpor.connectors.subscriptions import WatchTool
 from torpor.connectors.timers import TimerConnector
-from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
+from torpor.processors.local import LocalConfig, LocalRuntime, now_ms, tune_collector
 from torpor.processors.model import (
     CompletionRequest,
     ModelProvider,
@@ -123,6 +123,7 @@ def compose(
         ],
         connectors_sink,
     )
+    tune_collector()  # this process is the runtime's, as `torpor processor`'s is the processor's
     runtime = LocalRuntime(provider, router, config)
     transcript = Transcript(clock=now_ms, emit=click.echo if echo else None, deltas=deltas)
     runtime.observers.append(transcript.observe)

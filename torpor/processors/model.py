@@ -94,9 +94,14 @@ class ModelError(TorporError):
 
 
 class TransientModelError(ModelError, RetriableError):
-    """Retry the same request after a backoff (rate limit, timeout, overload)."""
+    """Retry the same request after a backoff (rate limit, timeout, overload).
+
+    `retry_after_s` is the provider's own hint (a rate limit's `retry-after`), if it gave
+    one: the stage waits at least that long, within its bound.
+    """
 
     kind = "transient"
+    retry_after_s: float | None = None
 
 
 class PermanentModelError(ModelError):

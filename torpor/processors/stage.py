@@ -15,7 +15,8 @@ request has committed. The stage then, off the fold's path:
 3. publishes the finished turn as a `Completion` input, `message_id == request_id`,
    source `processor`, so a second copy (a re-issue after a crash) is a duplicate.
 
-Transient provider errors are retried with bounded exponential backoff, each retry
+Transient provider errors are retried with bounded exponential backoff (at least a rate
+limit's `retry-after`, up to `max_retry_after_s`), each retry
 announced by an ephemeral `completion_retried` event; when the attempts are spent, or on
 a permanent error, the stage publishes an error `Completion`, which parks the thread
 loudly. `resume()` re-issues the requests of threads still `awaiting_model`, from the
@@ -65,9 +66,14 @@ class StageConfig:
     """How hard the stage works. Defaults suit one laptop and a hosted provider."""
 
     concurrency: int = 16  # provider calls in flight at once: providers rate-limit per key
-    max_attempts: int = 4  # tries per request before an error Completion
-    backoff_initial_s: float = 0.5  # doubled per retry: rate limits clear in seconds
-    backoff_max_s: float = 8.0  # so the whole retry budget stays well under a minute
+    # Tries per request before an error Completion: 0.5 + 1 + 2 + 4 + 8 s of backoff, so a
+    # provider's bad quarter of a minute does not park its threads.
+    max_attempts: int = 6
+    backoff_initial_s: float = 0.5  # doubled per retry
+    backoff_max_s: float = 16.0
+    # A rate limit's `retry-after` is waited for, up to this long: a provider asking for
+    # more than two minutes is better served by parking loudly than by a hidden stall.
+    max_retry_after_s: float = 120.0
     # Coalescing of live deltas: a person reading a tail cannot tell 50 ms apart, and a
     # provider streams a chunk every few ms. 0 publishes every delta as it comes.
     delta_window_s: float = 0.05
@@ -79,14 +85,15 @@ class StageConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_attempts < 1:
             raise ValueError("the model stage needs concurrency >= 1 and max_attempts >= 1")
-        if not 0 <= self.backoff_initial_s <= self.backoff_max_s:
-            raise ValueError("backoff must satisfy 0 <= initial <= max")
+        if not 0 <= self.backoff_initial_s <= self.backoff_max_s or self.max_retry_after_s < 0:
+            raise ValueError("backoff must satisfy 0 <= initial <= max, and max_retry_after_s >= 0")
         if self.delta_window_s < 0 or self.history_cache_entries < 0:
             raise ValueError("delta_window_s and history_cache_entries must not be negative")
 
-    def backoff(self, retry: int) -> float:
-        """Seconds to wait before retry number `retry` (1-based)."""
-        return float(min(self.backoff_max_s, self.backoff_initial_s * 2 ** (retry - 1)))
+    def backoff(self, retry: int, hint_s: float | None = None) -> float:
+        """Seconds to wait before retry number `retry` (1-based), at least the provider's hint."""
+        backoff = float(min(self.backoff_max_s, self.backoff_initial_s * 2 ** (retry - 1)))
+        return backoff if hint_s is None else max(backoff, min(hint_s, self.max_retry_after_s))
 
 
 class StageSink(Protocol):
@@ -199,7 +206,7 @@ class ModelStage:
                 last = exc
                 if attempt == self.config.max_attempts:
                     break
-                delay = self.config.backoff(attempt)
+                delay = self.config.backoff(attempt, exc.retry_after_s)
                 self._retried(request, attempt, exc, delay)
                 await asyncio.sleep(delay)
                 continue

@@ -32,8 +32,8 @@ from torpor.processors.model import ModelError, PermanentModelError, TransientMo
 class RateLimitedError(TransientModelError):
     """The provider asked us to slow down. `retry_after_s` is its hint, if it gave one.
 
-    The model stage may wait at least that long before the next attempt; waiting less
-    only earns another 429.
+    The model stage waits at least that long before the next attempt (up to its
+    `StageConfig.max_retry_after_s`); waiting less only earns another 429.
     """
 
     kind = "rate_limited"
