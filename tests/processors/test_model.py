@@ -8,6 +8,7 @@ import pytest
 
 from torpor.processors.model import (
     EXHAUSTED,
+    REMEMBERED_REQUESTS,
     CompletionRequest,
     Finished,
     ModelOutput,
@@ -65,6 +66,18 @@ def test_a_rule_walks_its_turns_per_thread_and_streams_the_chunks() -> None:
 def test_the_same_request_id_gets_the_same_turn() -> None:
     model = ScriptedModel([ScriptRule(turns=(ScriptedTurn(chunks=("a",)), ScriptedTurn(chunks=("b",))))])
     assert collect(model, request("r1")) == collect(model, request("r1"))
+
+
+def test_only_the_latest_request_ids_are_remembered() -> None:
+    first, second = ScriptedTurn(chunks=("a",)), ScriptedTurn(chunks=("b",))
+    model = ScriptedModel([ScriptRule(turns=(first, second))])
+    assert model.turn_for(request("r-0")) == first
+    for i in range(1, REMEMBERED_REQUESTS):  # other threads: the cursor of thread "t" stays
+        model.turn_for(request(f"r-{i}", thread=f"u{i}"))
+    assert model.turn_for(request("r-0")) == first  # still remembered: the same turn
+    for i in range(REMEMBERED_REQUESTS, 2 * REMEMBERED_REQUESTS):
+        model.turn_for(request(f"r-{i}", thread=f"u{i}"))
+    assert model.turn_for(request("r-0")) == second  # forgotten: answered as a new request
 
 
 def test_rules_match_on_thread_kind_and_recent_text() -> None:
