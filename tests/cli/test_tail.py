@@ -95,7 +95,9 @@ def by_topic(rendered: list[str]) -> tuple[list[str], list[str]]:
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 0, process.stderr.read() if process.stderr else ""
+    _, errors = process.communicate(timeout=30)
+    assert process.returncode == 0, errors
+    assert b"Exception ignored" not in errors and b"Traceback" not in errors, errors  # a clean stop
 
 
 def test_a_reattached_tail_continues_without_gap_or_repeat(deployment: Deployment, tmp_path: Path) -> None:

@@ -157,6 +157,7 @@ def tail(
                     if stop.requested:
                         break
             finally:
+                steps.close()  # unassign now, while the observer's consumer is open
                 if unsaved is not None:
                     _save(path, thread, unsaved, renderer)
     except TorporError as error:

@@ -22,12 +22,13 @@ silently and never fatal: one bad producer must not blind every observer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, ContractError
@@ -251,7 +252,7 @@ class Observer:
         deadline: Deadline | None = None,
         all_partitions: bool | None = None,
         stop: Callable[[], bool] | None = None,
-    ) -> Iterator[Step]:
+    ) -> Generator[Step, None, None]:
         """Each record after `position`, with the position just past it.
 
         Reads every partition of the observer's topics; partitions `position` does not
@@ -301,7 +302,9 @@ class Observer:
                     current.advance(topic, partition, offset)
                     yield Step(item, current.copy())
         finally:
-            self._consumer.unassign()
+            # A read abandoned after its observer closed is finalised later: nothing to undo then.
+            with contextlib.suppress(RuntimeError, KafkaException):
+                self._consumer.unassign()
 
     def _decode(self, message: Message, topic: str, partition: int, offset: int) -> Item:
         cls = self._types[topic]
