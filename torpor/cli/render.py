@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from torpor.cli.transcript import short, with_data
 from torpor.schemas.records import (
     AssistantEntry,
     ContentBlock,
@@ -55,11 +56,6 @@ def _blocks(blocks: tuple[ContentBlock, ...] | tuple[TextBlock | ThinkingBlock, 
     return " ".join(parts)
 
 
-def _short(value: str, width: int = WIDTH) -> str:
-    value = " ".join(value.split())
-    return value if len(value) <= width else value[: width - 1] + "…"
-
-
 def entry_text(entry: HistoryEntry) -> str:
     body = entry.body
     match body:
@@ -67,7 +63,7 @@ def entry_text(entry: HistoryEntry) -> str:
             return f"{'(interrupts) ' if interrupt else ''}{_blocks(content)}"
         case AssistantEntry(content=content, tool_calls=calls):
             said = _blocks(content)
-            called = ", ".join(f"{c.name}({_short(c.arguments, 50)})" for c in calls)
+            called = ", ".join(f"{c.name}({short(c.arguments, 50)})" for c in calls)
             return " | ".join(p for p in (said, f"calls {called}" if called else "") if p)
         case ToolResultEntry(name=name, ok=ok, content=content, origin=origin):
             how = "ok" if ok else "error"
@@ -103,23 +99,24 @@ class Renderer:
             where = f"{item.topic}[{item.partition}]@{item.offset}"
             return f"{'':12}  {'!':<28} {'undecodable':<16} {where}: {item.reason}"
         record = item.record
-        if isinstance(record, ThreadEvent):
-            self._learn(record)
+        if isinstance(record, Receipt):
+            if not self.follows(record.thread_id):
+                return None
+            return self._line(record.thread_id, record.created_at, "receipt", _receipt(record))
+        data = json.loads(record.data) if record.data else None
+        self._learn(record, data)
         if not self.follows(record.thread_id):
             return None
-        if isinstance(record, Receipt):
-            return self._line(record.thread_id, record.created_at, "receipt", _receipt(record))
         if record.ephemeral and record.kind == "delta":
             return (
                 self._line(record.thread_id, record.created_at, "model…", record.text or "")
                 if self.deltas
                 else None
             )
-        return self._line(record.thread_id, record.created_at, *_event(record))
+        return self._line(record.thread_id, record.created_at, *_event(record, data))
 
-    def _learn(self, event: ThreadEvent) -> None:
+    def _learn(self, event: ThreadEvent, data: object) -> None:
         """Name (and so follow) a child as soon as its parent's spawn or its own creation is seen."""
-        data = json.loads(event.data) if event.data else None
         if not isinstance(data, dict):
             return
         if event.kind == "child_spawned" and isinstance(child := data.get("child_thread_id"), str):
@@ -141,7 +138,7 @@ class Renderer:
         indent = "  " * name.count("/")
         when = datetime.fromtimestamp(created_at / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
         # An approval's line ends in the command that decides it: never cut, so it can be copied.
-        shown = _short(text, 10_000 if kind == APPROVAL else WIDTH)
+        shown = short(text, 10_000 if kind == APPROVAL else WIDTH)
         return f"{when}  {indent}{name:<{max(28 - len(indent), 8)}} {kind:<16} {shown}"
 
     def state(self) -> dict[str, object]:
@@ -156,23 +153,20 @@ class Renderer:
         return cls(root=root, deltas=deltas, names={str(k): str(v) for k, v in names.items()})
 
 
-def _event(event: ThreadEvent) -> tuple[str, str]:
-    data = json.loads(event.data) if event.data else None
+def _event(event: ThreadEvent, data: object) -> tuple[str, str]:
     if event.entry is not None and event.kind != "approval_requested":
         kind = _ENTRY_KINDS.get(type(event.entry.body), event.kind)
         return kind, f"#{event.entry.seq} {entry_text(event.entry)}"
     if event.kind == "approval_requested" and isinstance(data, dict):
         choices = "|".join(str(c) for c in data.get("choices", []))
         return APPROVAL, (
-            f"{event.text or ''} -> torpor approve {data.get('approval_id')} {{{choices}}}"
-            f"{' --thread ' + event.thread_id}"
+            f"{event.text or ''} -> torpor approve {data.get('approval_id')} {{{choices}}} "
+            f"--thread {event.thread_id}"
         )
     detail = event.text or ""
-    if isinstance(data, dict):
-        detail = " ".join(p for p in (detail, " ".join(f"{k}={v}" for k, v in sorted(data.items()))) if p)
-    elif data is not None:
-        detail = " ".join(p for p in (detail, json.dumps(data)) if p)
-    return event.kind, detail
+    if data is not None and not isinstance(data, dict):
+        return event.kind, " ".join(p for p in (detail, json.dumps(data)) if p)
+    return event.kind, with_data(detail, data)
 
 
 def _receipt(receipt: Receipt) -> str:

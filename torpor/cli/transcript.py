@@ -42,9 +42,17 @@ def _text(blocks: tuple[TextBlock | ImageBlock | ThinkingBlock, ...]) -> str:
     return " ".join(b.text if isinstance(b, TextBlock) else f"[{type(b).__name__}]" for b in blocks)
 
 
-def _short(value: str, width: int = WIDTH) -> str:
+def short(value: str, width: int = WIDTH) -> str:
+    """`value` on one line (whitespace runs collapsed), cut to `width` characters with `…`."""
     value = " ".join(value.split())
     return value if len(value) <= width else value[: width - 1] + "…"
+
+
+def with_data(text: str, data: object) -> str:
+    """`text` followed by an event's JSON object `data` as sorted `key=value` pairs."""
+    if not isinstance(data, dict):
+        return text
+    return " ".join(p for p in (text, " ".join(f"{k}={v}" for k, v in sorted(data.items()))) if p)
 
 
 @dataclass(slots=True)
@@ -68,7 +76,7 @@ class Transcript:
             self._input(value)
         elif isinstance(value, Dispatch):
             self._line(
-                value.thread_id, "dispatch", f"{value.kind} {value.tool}({_short(value.arguments, 60)})"
+                value.thread_id, "dispatch", f"{value.kind} {value.tool}({short(value.arguments, 60)})"
             )
         elif isinstance(value, ThreadEvent):
             self._event(value)
@@ -111,7 +119,7 @@ class Transcript:
                 )
             case Completion(content=content, tool_calls=calls):
                 said = _text(content)
-                called = ", ".join(f"{c.name}({_short(c.arguments, 50)})" for c in calls)
+                called = ", ".join(f"{c.name}({short(c.arguments, 50)})" for c in calls)
                 self._line(
                     thread, "model", " | ".join(p for p in (said, f"calls {called}" if called else "") if p)
                 )
@@ -137,20 +145,14 @@ class Transcript:
     def _event(self, event: ThreadEvent) -> None:
         if event.ephemeral and not self.deltas and event.kind == "delta":
             return
-        detail = event.text or ""
-        if event.data:
-            data = json.loads(event.data)
-            if isinstance(data, dict):
-                detail = " ".join(
-                    p for p in (detail, " ".join(f"{k}={v}" for k, v in sorted(data.items()))) if p
-                )
-        self._line(event.thread_id, f"· {event.kind}", _short(detail, 80))
+        detail = with_data(event.text or "", json.loads(event.data) if event.data else None)
+        self._line(event.thread_id, f"· {event.kind}", short(detail, 80))
 
     def _line(self, thread_id: str, kind: str, text: str) -> None:
         now = self.clock()
         if self._start is None:
             self._start = now
-        line = f"+{(now - self._start) / 1000:6.3f}s  {self.name(thread_id):<22} {kind:<22} {_short(text)}"
+        line = f"+{(now - self._start) / 1000:6.3f}s  {self.name(thread_id):<22} {kind:<22} {short(text)}"
         self.lines.append(line)
         if self.emit is not None:
             self.emit(line)
