@@ -34,6 +34,7 @@ import click
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from torpor.cli.send import produce_inputs
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.transcript import Transcript
 from torpor.connectors.echo import ECHO_SPEC
@@ -57,11 +58,10 @@ from torpor.schemas.records import (
 )
 from torpor.schemas.signer import public_key_bytes, write_private_key
 from torpor.streams.admin import ensure_topics
-from torpor.streams.clients import make_admin, make_consumer, make_producer
+from torpor.streams.clients import make_admin, make_consumer
 from torpor.streams.config import Settings
 from torpor.streams.deadline import Deadline
 from torpor.streams.log import LogRecord
-from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
 
 RUN_SECONDS: Final = 120.0
@@ -290,14 +290,10 @@ def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config
     problems: list[str] = []
     reader = _Reader(settings, names, codec, transcript)
     try:
-        producer = make_producer(settings)
-        key = thread_id.encode()
-        partitions = len(producer.list_topics(names.inputs, timeout=10.0).topics[names.inputs].partitions)
-        for record in _conversation(thread_id, time.time_ns() // 1_000_000):
-            producer.produce(names.inputs, key=key, value=codec.encode(names.inputs, record),
-                             partition=partition_for(key, partitions))
-        if producer.flush(30.0) > 0:
-            raise click.ClickException("the broker did not acknowledge the demo's inputs within 30 s")
+        try:
+            produce_inputs(settings, _conversation(thread_id, time.time_ns() // 1_000_000))
+        except TorporError as error:
+            raise click.ClickException(f"the demo's inputs: {error}") from None
         deadline = Deadline.after(RUN_SECONDS)
         while not (_answered(reader, thread_id) and _settled(reader)):
             if deadline.expired():

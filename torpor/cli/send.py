@@ -267,7 +267,7 @@ def send(
     try:
         with Observer(settings, receipts=True) as observer:
             # The receipts' end before producing: what the wait reads from, so none is missed.
-            start = observer.start(at_end=True) if wait_s is not None else None
+            start = observer.start(at_end=True, threads=[thread]) if wait_s is not None else None
             produce_inputs(settings, records)
             for record in records:
                 said = "created" if isinstance(record.body, CreateThread) else "sent"

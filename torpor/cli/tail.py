@@ -130,7 +130,7 @@ def tail(
             position = loaded[0] if loaded else observer.start(at_end=from_end)
             # Saved before the first record, so a tail stopped at once resumes here, not at a later end.
             _save(path, thread, position, renderer)
-            if (lost := observer.expired(position)) > 0:
+            if loaded and (lost := observer.expired(position)) > 0:  # a fresh start lost nothing
                 click.echo(
                     f"torpor tail: {lost} records expired (retention) before they were shown", err=True
                 )

@@ -45,8 +45,9 @@ END = -1
 POLL_SECONDS = 0.2
 METADATA_SECONDS = 10.0
 
-# Committed events that reset the live text of a completion (a retry discards the partial turn).
-_PARTIAL_RESETS = frozenset({"completion_requested", "completion_retried", "turn_committed", "interrupted"})
+# Committed events that reset the live text of a completion (so does the ephemeral
+# `completion_retried`: a retry discards the partial turn).
+_PARTIAL_RESETS = frozenset({"completion_requested", "turn_committed", "interrupted"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +165,18 @@ class Observer:
         topic = topic or self._names.events
         return partition_for(thread_id.encode("utf-8"), self.partitions(topic))
 
-    def start(self, *, at_end: bool) -> Position:
-        """Every partition's first retained offset, or (`at_end`) its end now: real offsets, storable."""
+    def start(self, *, at_end: bool, threads: Iterable[str] | None = None) -> Position:
+        """Each partition's first retained offset, or (`at_end`) its end now: real offsets, storable.
+
+        Every partition of the observer's topics, or only those `threads` live on.
+        """
+        wanted = None if threads is None else {(t, self.partition_of(thread, t)) for thread in threads
+                                               for t in self._types}
         offsets = {}
         for topic in self._types:
             for partition in range(self.partitions(topic)):
+                if wanted is not None and (topic, partition) not in wanted:
+                    continue
                 low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(topic, partition), timeout=METADATA_SECONDS
                 )
