@@ -265,17 +265,23 @@ def send(
         )
     records.append(envelope(thread, message_id, who, UserMessage((TextBlock(text),))))
     try:
+        if wait_s is None:
+            _produce(settings, records)
+            return
         with Observer(settings, receipts=True) as observer:
             # The receipts' end before producing: what the wait reads from, so none is missed.
-            start = observer.start(at_end=True, threads=[thread]) if wait_s is not None else None
-            produce_inputs(settings, records)
-            for record in records:
-                said = "created" if isinstance(record.body, CreateThread) else "sent"
-                click.echo(f"{said} {record.message_id}")
-            if start is not None and wait_s is not None:
-                _await_receipts(observer, start, thread, [r.message_id for r in records], wait_s)
+            start = observer.start(at_end=True, threads=[thread])
+            _produce(settings, records)
+            _await_receipts(observer, start, thread, [r.message_id for r in records], wait_s)
     except TorporError as error:
         raise click.ClickException(str(error)) from None
+
+
+def _produce(settings: Settings, records: list[Input]) -> None:
+    produce_inputs(settings, records)
+    for record in records:
+        said = "created" if isinstance(record.body, CreateThread) else "sent"
+        click.echo(f"{said} {record.message_id}")
 
 
 def _await_receipts(observer: Observer, start: Position, thread: str, ids: list[str], wait_s: float) -> None:
