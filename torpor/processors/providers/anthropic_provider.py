@@ -79,9 +79,15 @@ def anthropic_client(settings: EndpointSettings) -> AsyncAnthropic:
     )
 
 
-def translate(exc: anthropic.AnthropicError | httpx2.HTTPError) -> ModelError:
-    """The model error for a client exception (see the module docstring)."""
-    if isinstance(exc, httpx2.HTTPError):  # the stream dropped: its reader does not wrap these
+def translate(exc: anthropic.AnthropicError | httpx2.HTTPError, *, mid_stream: bool = False) -> ModelError:
+    """The model error for a client exception (see the module docstring).
+
+    `mid_stream`: raised while reading events of a stream that had started. A connection
+    failure there means the stream broke off, whether the client wraps it (anthropic 2.x:
+    `APIConnectionError`, "incomplete chunked read") or not (earlier: the bare
+    `httpx2` error).
+    """
+    if isinstance(exc, httpx2.HTTPError) or (mid_stream and isinstance(exc, anthropic.APIConnectionError)):
         return IncompleteStreamError(f"the message stream broke off: {type(exc).__name__}: {exc}")
     if isinstance(exc, anthropic.APIStatusError):
         message = exc.api_message or exc.message
@@ -153,7 +159,7 @@ class AnthropicProvider:
                 if text:
                     yield TextDelta(text)
         except (anthropic.AnthropicError, httpx2.HTTPError) as exc:
-            raise translate(exc) from exc
+            raise translate(exc, mid_stream=True) from exc
         finally:
             # Closed before `Finished` is yielded: the caller may stop iterating there.
             await stream.close()
