@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.processors.fold_scenarios import OBJECT_SCHEMA, World, call, config, create, result, user
+from torpor.processors.authority import PUBLIC_TENANT
 from torpor.processors.state import PendingCall, ThreadState
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import MemoryStore
@@ -26,6 +27,7 @@ from torpor.schemas.keyring import KeyRing, KeyVersion, keyring_toml
 from torpor.schemas.records import (
     Input,
     InputBody,
+    ParentMessage,
     TextBlock,
     TimerFired,
     ToolResult,
@@ -101,11 +103,18 @@ def test_an_unsigned_connector_result_is_missing_its_signature() -> None:
     assert _judge(_input(result("c1", pending["c1"].request_id)), state) == ("unsigned", "missing_signature")
 
 
-def test_user_text_needs_no_signature() -> None:
+def test_user_text_to_a_public_thread_needs_no_signature() -> None:
     _, state, _ = _waiting_world()
+    public = dataclasses.replace(state, config=dataclasses.replace(
+        state.config, capability=dataclasses.replace(state.config.capability, tenant=PUBLIC_TENANT)))
     record = _input(user("one more thing"), source="user:alice")
-    assert _judge(record, state)[0] == "unsigned"
-    assert _judge(record, state)[1] != "missing_signature"
+    assert _judge(record, public) == ("unsigned", signing.SIGNATURE_NOT_REQUIRED)
+
+
+def test_unsigned_user_text_to_a_tenants_thread_is_refused() -> None:
+    _, state, _ = _waiting_world()  # tenant acme: its threads take user input only under its keys
+    assert _judge(_input(user("one more thing"), source="user:alice"), state) == (
+        "unsigned", "missing_signature")
 
 
 def test_a_tampered_result_is_forged() -> None:
@@ -234,12 +243,19 @@ def test_verifier_for_without_a_key_ring_is_development_mode() -> None:
 
 
 def test_verifier_for_reads_the_key_ring_file(tmp_path: Path) -> None:
-    path = tmp_path / "ring.toml"
-    path.write_text(keyring_toml(RING), encoding="utf-8")
-    judge = verifier_for(InputSettings(keyring=path))
+    processor = Ed25519PrivateKey.generate()
+    judge = verifier_for(InputSettings(keyring=_ring_with_processor(tmp_path, processor),
+                                       processor_key_id="proc-1", processor_key=_pem(tmp_path, processor)))
     _, state, pending = _waiting_world()
     record = signing.sign(_input(result("c1", pending["c1"].request_id)), "tools-1", KEY)
     assert judge.verify(record, state).provenance == "verified"
+
+
+def test_a_key_ring_without_a_processor_key_is_refused_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "ring.toml"
+    path.write_text(keyring_toml(RING), encoding="utf-8")
+    with pytest.raises(ConfigError, match="no key of its own"):
+        verifier_for(InputSettings(keyring=path))
 
 
 def test_verifier_for_names_an_unreadable_key_ring(tmp_path: Path) -> None:
@@ -270,15 +286,15 @@ def test_with_a_processor_key_unsigned_processor_inputs_are_refused(tmp_path: Pa
                              processor_key=_pem(tmp_path, processor))
     judge = verifier_for(settings)
     _, state, _ = _waiting_world()
-    loopback = _input(user("from a child"), source="processor")
+    loopback = _input(ParentMessage(parent_thread_id="p", spawn_call_id="s", text="hi"), source="processor")
     assert (judge.verify(loopback, state).provenance, judge.verify(loopback, state).reason) == (
         "unsigned", "missing_signature")
     signer = processor_signer(settings)
     assert signer is not None
     assert judge.verify(signer.sign(loopback), state).provenance == "verified"
-    # Without a processor key the ring still trusts unsigned processor inputs (and says so).
-    assert verifier_for(InputSettings(keyring=settings.keyring)).verify(loopback, state).reason \
-        == signing.SIGNATURE_NOT_REQUIRED
+    # The processor may not write user text, signed or not: no role may claim another's body.
+    assert judge.verify(signer.sign(_input(user("hi"), source="processor")), state).reason \
+        == "source_not_allowed"
 
 
 def test_a_processor_key_missing_from_the_ring_is_a_config_error(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ from torpor.schemas.records import (
     ThreadEvent,
     UserMessage,
 )
-from torpor.schemas.signer import public_key_bytes, write_private_key
+from torpor.schemas.signer import Signer, SignerSettings, public_key_bytes, write_private_key
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin, make_consumer
 from torpor.streams.config import Settings
@@ -64,6 +64,7 @@ from torpor.streams.deadline import Deadline
 from torpor.streams.log import LogRecord
 from torpor.streams.topics import TopicNames
 
+GATEWAY_KEY: Final = "demo-gateway"  # signs the user's inputs: grants the thread its tenant
 RUN_SECONDS: Final = 120.0
 FINAL_ANSWER: Final = "The build is green, and I waited two seconds to be sure. Done."
 SCRIPT: Final = f"""\
@@ -131,10 +132,15 @@ class _Run:
 
 
 def _keys(root: Path) -> Path:
-    """A private key per connector (files mode 0600) and the key ring that trusts them."""
+    """A private key per role (files mode 0600) and the key ring that trusts them.
+
+    The gateway key signs the user's inputs: it grants the thread its tenant (`demo`),
+    as a tenant's gateway would (docs/security.md); an unsigned user may only create
+    threads in the public tenant.
+    """
     versions = []
     for key_id, source, tool in (("demo-echo", "connector:echo", "echo"), ("demo-timer", "timer", "timer"),
-                                 ("demo-processor", "processor", "*")):
+                                 ("demo-processor", "processor", "*"), (GATEWAY_KEY, "user:*", "echo")):
         key = Ed25519PrivateKey.generate()
         write_private_key(root / f"{key_id}.pem", key)
         versions.append(KeyVersion(key_id=key_id, public_key=public_key_bytes(key), sources=(source,),
@@ -144,7 +150,7 @@ def _keys(root: Path) -> Path:
     return ring
 
 
-def _conversation(thread_id: str, now_ms: int) -> tuple[Input, Input]:
+def _conversation(thread_id: str, now_ms: int, gateway: Signer) -> tuple[Input, Input]:
     config = ThreadConfig(
         model="scripted", system_prompt="You are a patient build agent.", tools=(ECHO_SPEC,),
         capability=Capability(tenant="demo", tools=("echo",), scopes=(), expires_at=None),
@@ -153,8 +159,9 @@ def _conversation(thread_id: str, now_ms: int) -> tuple[Input, Input]:
     )
 
     def envelope(label: str, offset: int, body: CreateThread | UserMessage) -> Input:
-        return Input(message_id=derive_id(thread_id, label), thread_id=thread_id, created_at=now_ms + offset,
-                     source="user:demo", expires_at=None, key_id=None, signature=None, body=body)
+        return gateway.sign(Input(message_id=derive_id(thread_id, label), thread_id=thread_id,
+                                  created_at=now_ms + offset, source="user:demo", expires_at=None,
+                                  key_id=None, signature=None, body=body))
 
     return (envelope("create", 0, CreateThread(config=config, inherited=(), initial=())),
             envelope("ask", 1, UserMessage((TextBlock("Check the build, then wait a moment and report."),))))
@@ -291,7 +298,8 @@ def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config
     reader = _Reader(settings, names, codec, transcript)
     try:
         try:
-            produce_inputs(settings, _conversation(thread_id, time.time_ns() // 1_000_000))
+            gateway = Signer.from_settings(SignerSettings(GATEWAY_KEY, root / f"{GATEWAY_KEY}.pem"))
+            produce_inputs(settings, _conversation(thread_id, time.time_ns() // 1_000_000, gateway))
         except TorporError as error:
             raise click.ClickException(f"the demo's inputs: {error}") from None
         deadline = Deadline.after(RUN_SECONDS)

@@ -128,7 +128,7 @@ def replay(thread_id: str | None, until_offset: tuple[str, ...], until_time: str
                     offsets[chosen[0]] = at_offset
             cut = Cut(offsets, _time_ms(until_time))
             replayer = Replayer(verifier, Codec.from_url(settings.schema_registry.url), topics.inputs,
-                                settings.inputs.max_bytes)
+                                settings.inputs.max_bytes, partitions=len(partitions))
             line = _ProgressLine(progress and not as_json)
             for record in read_log(consumer, topics.inputs, cut, thread_id, partitions=chosen, progress=line):
                 replayer.feed(record)

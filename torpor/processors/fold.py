@@ -117,6 +117,7 @@ from torpor.schemas.records import (
     STALE,
     STOPPED,
     UNBOUND,
+    UNCHECKED,
     ApprovalDecision,
     ApprovalRequest,
     AssistantEntry,
@@ -127,6 +128,7 @@ from torpor.schemas.records import (
     Input,
     InputBody,
     ParentMessage,
+    Receipt,
     TextBlock,
     TimerFired,
     ToolEvent,
@@ -175,6 +177,15 @@ def park_on_failure(state: ThreadState | None, input: Input, reason: str, attemp
     draft.reason = why
     _park(draft, why)
     return _finish(draft, state, PARKED)
+
+
+def refuse_at_door(input: Input, disposition: str, reason: str) -> Receipt:
+    """The receipt of an input refused before its thread was looked up (provenance `unchecked`).
+
+    The shell's door (`step.door_problem`: ids, record key, partition) and its last
+    resort when even parking failed. Nothing else happens: no state, nothing remembered.
+    """
+    return build_receipt(input, Facts(provenance=UNCHECKED), disposition, reason, None, None)
 
 
 def _run_row(draft: Draft) -> str:

@@ -198,7 +198,8 @@ class ThreadTask:
         def fold_run() -> None:
             if run:
                 result = step(overlay, run, verifier=self._processor.verifier,
-                              default_config=self._processor.default_config)
+                              default_config=self._processor.default_config,
+                              partitions=self._processor.inputs_partitions)
                 out.extend(writer.step_records(result, originals))
                 changes.extend(result.changes)
                 self._requests.extend(result.completions)
@@ -229,7 +230,7 @@ class ThreadTask:
             except DecodeError as error:
                 park(record, error, "undecodable")
                 continue
-            run.append(StepRecord(decoded, record.partition, record.offset))
+            run.append(StepRecord(decoded, record.partition, record.offset, record.key))
         fold_run()
         return TaskOutput(tuple(out), tuple(changes))
 
@@ -297,6 +298,7 @@ class Processor:
         self.verifier = verifier or verifier_for(settings.inputs)
         self.max_input_bytes = settings.inputs.max_bytes
         self.default_config = default_config
+        self.inputs_partitions = inputs_partitions
         self.stages = StageThread()
         self.histories = HistoryCache(config.stage.history_cache_entries)  # shared by the stages
         self._sink_producer = make_producer(settings)

@@ -185,8 +185,11 @@ class Replayer:
     """Folds log records with `step` into one scratch `MemoryStore` per partition."""
 
     def __init__(self, verifier: Verifier, codec: Codec, topic: str, max_bytes: int,
-                 default_config: ThreadConfig | None = None) -> None:
+                 default_config: ThreadConfig | None = None, partitions: int | None = None) -> None:
+        """`partitions`: how many partitions `topic` has, so records off their thread's
+        partition are refused as the processor refused them (`step`'s door)."""
         self._verifier = verifier
+        self._partitions = partitions
         self._codec = codec
         self._topic = topic
         self._max_bytes = max_bytes
@@ -201,7 +204,7 @@ class Replayer:
             self.counts.parked += 1
             return
         run = self._pending.setdefault(record.partition, [])
-        run.append(StepRecord(decoded, record.partition, record.offset))
+        run.append(StepRecord(decoded, record.partition, record.offset, record.key))
         if len(run) >= STEP_BATCH:
             self._fold(record.partition)
 
@@ -229,7 +232,8 @@ class Replayer:
         store = self.stores.setdefault(partition, MemoryStore())
         # Outputs are dropped on purpose: the log already holds everything the live
         # processor produced, and a replay must never produce.
-        step(store, run, verifier=self._verifier, default_config=self._default_config)
+        step(store, run, verifier=self._verifier, default_config=self._default_config,
+             partitions=self._partitions)
         self.counts.folded += len(run)
 
 

@@ -4,6 +4,10 @@ Contract. `step(store, records)` folds `records` (inputs of one partition, in of
 order) one at a time and returns a `StepOutput`: everything the checkpoint must write.
 For each record it
 
+0. checks it at the door (`door_problem`): its thread and message ids keep the wire
+   rule (`torpor.schemas.ids`), its record key is its thread id's bytes, and it sits on
+   its thread's partition. A record that fails gets one `rejected:<reason>` receipt,
+   nothing else: no state is loaded, nothing remembered (the ids may not name a row);
 1. loads the thread's state from `store` (nothing is cached per thread between inputs or
    calls: an idle thread costs no memory, and the store, or the overlay over it, is the
    only place state lives);
@@ -24,8 +28,9 @@ dropped and it is tried again, up to `max_attempts` times (`Facts.attempt` count
 so the receipt shows `retry_count`); then `park_on_failure` parks the thread with the
 error as its reason and the input is recorded in `StepOutput.parked`. A poison input
 therefore costs a bounded number of attempts and a loud receipt: never a crash loop,
-never a silent loss. Only a failure of `park_on_failure` itself propagates (a bug in
-the fold's last line of defence: the checkpoint must abort).
+never a silent loss. If parking fails too, the input gets a bare `parked` receipt
+built without the thread's state (and still goes to `parked`): `step` never raises
+because of one input, so no input can stop a partition or its processor.
 
 Provenance: `Verifier.verify(input, state)` (`torpor.processors.verify`) gives the
 verdict the fold sees, judged against the state loaded in 1. `SourceVerifier`, the
@@ -52,13 +57,15 @@ from torpor.processors.effects import (
     RequestCompletion,
     SpawnChild,
 )
-from torpor.processors.fold import fold, park_on_failure
+from torpor.processors.fold import fold, park_on_failure, refuse_at_door
 from torpor.processors.state import Facts, Status, ThreadState, Transition
 from torpor.processors.statecodec import encode_entry, encode_request, encode_state
 from torpor.processors.store import Change, Overlay, Store
 from torpor.processors.tables import is_seen, load_state, visible_entries
 from torpor.processors.verify import SourceVerifier, Verifier
+from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
+    PARKED,
     CreateThread,
     Dispatch,
     Input,
@@ -66,7 +73,9 @@ from torpor.schemas.records import (
     SummaryEntry,
     ThreadConfig,
     ThreadEvent,
+    rejected,
 )
+from torpor.streams.partitioner import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +86,16 @@ again, so retries only help against shell-side faults; three keeps a poison inpu
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One input to fold, with where it was read from (filled into its receipt)."""
+    """One input to fold, with where it was read from (filled into its receipt).
+
+    `key`: the Kafka record's key, None where there is none (local mode); then only the
+    ids are checked at the door.
+    """
 
     input: Input
     partition: int | None = None
     offset: int | None = None
+    key: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +145,14 @@ def step(
     verifier: Verifier | None = None,
     default_config: ThreadConfig | None = None,
     max_attempts: int = MAX_ATTEMPTS,
+    partitions: int | None = None,
 ) -> StepOutput:
     """Fold `records` in order over `store`; return what the checkpoint must write.
 
     `default_config` is what a first `UserMessage` may create an unknown thread with.
-    Raises only if `park_on_failure` itself fails (abort the checkpoint).
+    `partitions`: how many partitions `inputs` has, to check that each keyed record is on
+    its thread's partition (None: not checked). Never raises for an input's sake; a
+    store that fails to read or write raises (abort the checkpoint).
     """
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
@@ -143,6 +160,10 @@ def step(
     batch = Overlay(store)
     out = _Collected()
     for record in records:
+        problem = door_problem(record, partitions)
+        if problem is not None:
+            _refuse(record, rejected(problem[0]), problem[1], out)
+            continue
         _fold_one(batch, record, judge, default_config, max_attempts, out)
     changes = batch.changes()
     store.apply(changes)
@@ -155,6 +176,42 @@ def step(
         completions=tuple(out.completions),
         parked=tuple(out.parked),
     )
+
+
+def door_problem(record: StepRecord, partitions: int | None) -> tuple[str, str] | None:
+    """(reason, detail) if `record` must be refused before its thread is looked up, else None."""
+    item = record.input
+    problem = id_problem(item.thread_id)
+    if problem is not None:
+        return "invalid_thread_id", f"thread id {_shown(item.thread_id)}: {problem}"
+    problem = id_problem(item.message_id)
+    if problem is not None:
+        return "invalid_message_id", f"message id {_shown(item.message_id)}: {problem}"
+    if record.key is None:
+        return None
+    expected = item.thread_id.encode("utf-8")
+    if record.key != expected:
+        return "key_mismatch", f"record key {_shown(record.key)} is not thread id {item.thread_id!r}"
+    if partitions is not None and record.partition is not None:
+        home = partition_for(expected, partitions)
+        if home != record.partition:
+            return "wrong_partition", f"thread {item.thread_id!r} belongs on partition {home}"
+    return None
+
+
+def _shown(value: str | bytes) -> str:
+    """`value` for a receipt or a log line: escaped (a newline cannot forge a line), cut at 80."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _refuse(record: StepRecord, disposition: str, detail: str, out: _Collected) -> None:
+    """One receipt for `record`, built without its thread's state; nothing else."""
+    receipt = refuse_at_door(record.input, disposition, detail)
+    out.receipts.append(dataclasses.replace(receipt, input_partition=record.partition,
+                                            input_offset=record.offset))
+    log.warning("input refused without folding: %s", detail, extra={
+        "partition": record.partition, "offset": record.offset, "disposition": disposition})
 
 
 def _fold_one(
@@ -197,14 +254,21 @@ def _fold_one(
         log.debug("folded", extra={**where, "disposition": mark.receipts[-1].disposition})
         return
     # Bounded retries are spent: park the thread loudly through the fold's own last resort.
+    out.parked.append(ParkedInput(record, error, max_attempts))
     scratch = Overlay(batch)
     mark = _Collected()
-    state = load_state(scratch, item.thread_id)
-    transition = park_on_failure(state, item, error, max_attempts)
-    _interpret(scratch, record, state, transition, mark)
+    try:
+        state = load_state(scratch, item.thread_id)
+        transition = park_on_failure(state, item, error, max_attempts)
+        _interpret(scratch, record, state, transition, mark)
+    except Exception as exc:  # not even parking works: a receipt without the state, and go on
+        log.error("parking the thread failed too: %s: %s", type(exc).__name__, exc,
+                  extra={**where, "disposition": PARKED})
+        _refuse(record, PARKED, f"failed after {max_attempts} attempts: {error}; and parking the "
+                                f"thread failed too: {type(exc).__name__}: {exc}", out)
+        return
     scratch.commit()
     _merge(out, mark)
-    out.parked.append(ParkedInput(record, error, max_attempts))
     log.error(
         "input parked after %d attempts: %s", max_attempts, error, extra={**where, "disposition": "parked"}
     )

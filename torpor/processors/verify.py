@@ -9,10 +9,15 @@ receipt whose `reason` is the verdict's: nothing reaches history and the partiti
 `KeyringVerifier(ring)`, what the processor runs when a key ring is configured, checks in
 this order:
 
+0. authority (`torpor.processors.authority`): the source names a role that may produce
+   this body, and that role signs here (with a key ring every role but `user` always
+   does: `processor` included); an unsigned user may only touch `PUBLIC_TENANT`
+   threads;
 1. the signature, with `torpor.schemas.signing.verify`: the key, its window at the
    input's `created_at`, its scope for the source, for the tool the input answers for
    (the tool of the pending call, subscription or approval it names; `timer` for a
-   `TimerFired`), and for the thread's tenant; then `expires_at`;
+   `TimerFired`), and for the thread's tenant; then `expires_at`; then, for a root
+   `CreateThread`, that the key grants the tenant, tools and scopes it asks for;
 2. binding: a `ToolResult`, `ToolEvent`, `TimerFired` or `ApprovalRequest` naming a call
    this thread has pending (or a live subscription) must carry that call's dispatch
    `request_id`: otherwise `unbound`, `request_id_mismatch` (an answer to another
@@ -30,13 +35,11 @@ Oversized inputs never get here: the processor parks them by their encoded size.
 
 `verifier_for(settings)` builds what a processor runs: `KeyringVerifier` over the key
 ring file of `[inputs] keyring` / `TORPOR_KEYRING` (read once, at start: an unreadable
-or invalid file is a `ConfigError`), else `SourceVerifier`, with a warning. With a
-processor key (`TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`), `processor` joins the
-sources that must sign, and `processor_signer(settings)` is the signer the processor
+or invalid file is a `ConfigError`), else `SourceVerifier`, with a warning. A key ring
+needs a processor key (`TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`; a
+`ConfigError` without one): `processor_signer(settings)` is the signer the processor
 signs its loopbacks and completions with (its public key must be in the ring, with
-source `processor`); without one, inputs claiming source `processor` are trusted
-unsigned, and the processor warns that anyone who can produce to `inputs` could forge
-them.
+source `processor`), and unsigned inputs claiming to be the processor's are refused.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Final, Protocol
 
 import fastjsonschema
 
+from torpor.processors.authority import authority_verdict, grant_verdict
 from torpor.processors.builtins import TIMER_TOOL
 from torpor.processors.calls import validator_for
 from torpor.processors.state import ThreadState
@@ -66,7 +70,7 @@ from torpor.schemas.records import (
     ToolResult,
 )
 from torpor.schemas.signer import Signer, SignerSettings
-from torpor.schemas.signing import DEFAULT_POLICY, SigningPolicy, Verdict
+from torpor.schemas.signing import Verdict
 from torpor.streams.config import InputSettings
 
 log = logging.getLogger(__name__)
@@ -84,14 +88,16 @@ def verifier_for(settings: InputSettings) -> Verifier:
                     "are not verified and unsigned connector, timer and operator inputs are accepted")
         return SourceVerifier()
     ring = load_keyring(settings.keyring)
-    log.info("verifying inputs against key ring %s (%d key versions)", settings.keyring, len(ring))
     if settings.processor_key_id is None:
-        log.warning("no processor signing key (TORPOR_PROCESSOR_KEY_ID, TORPOR_PROCESSOR_KEY): inputs "
-                    "with source 'processor' (completions, loopbacks) are accepted unsigned, so anyone "
-                    "who may produce to the inputs topic could forge them")
-        return KeyringVerifier(ring)
-    required = (*DEFAULT_POLICY.required_sources, PROCESSOR_SOURCE)
-    return KeyringVerifier(ring, SigningPolicy(required_sources=required))
+        raise ConfigError(
+            f"key ring {settings.keyring} is configured but the processor has no key of its own: its "
+            "completions and loopbacks must be signed, or anyone who may produce to the inputs topic "
+            "could forge them. Make one with `torpor keys new --id <id> --source processor --keyring "
+            f"{settings.keyring} ...` and set TORPOR_PROCESSOR_KEY_ID and TORPOR_PROCESSOR_KEY"
+        )
+    log.info("verifying inputs against key ring %s (%d key versions%s)", settings.keyring, len(ring),
+             "; users must sign" if ring.users_must_sign else "")
+    return KeyringVerifier(ring)
 
 
 def processor_signer(settings: InputSettings) -> Signer | None:
@@ -129,20 +135,27 @@ class SourceVerifier:
 
 
 class KeyringVerifier:
-    """Signatures against a key ring, then binding and result schema (module docstring)."""
+    """Authority, signatures against a key ring, then binding and result schema (module docstring)."""
 
-    def __init__(self, ring: KeyRing, policy: SigningPolicy = DEFAULT_POLICY) -> None:
+    def __init__(self, ring: KeyRing) -> None:
         self._ring = ring
-        self._policy = policy
 
     def verify(self, record: Input, state: ThreadState | None) -> Verdict:
+        refusal = authority_verdict(record, state, self._ring)
+        if refusal is not None:
+            return refusal
         bound = _bound_call(record, state)
         tool = TIMER_TOOL if isinstance(record.body, TimerFired) else bound[0] if bound else None
         tenant = state.config.capability.tenant if state is not None else None
-        verdict = signing.verify(record, self._ring, tool=tool, tenant=tenant, policy=self._policy)
+        verdict = signing.verify(record, self._ring, tool=tool, tenant=tenant)
         refused = verdict.provenance not in (VERIFIED, UNSIGNED)
         if refused or verdict.reason == signing.MISSING_SIGNATURE:
             return verdict
+        signer = self._ring.version_at(record.key_id, record.created_at) \
+            if verdict.is_verified and record.key_id is not None else None
+        refusal = grant_verdict(record, signer)
+        if refusal is not None:
+            return refusal
         if bound is not None and bound[1] != _request_id(record):
             return Verdict(UNBOUND, REQUEST_ID_MISMATCH, record.key_id)
         if state is not None and bound is not None:

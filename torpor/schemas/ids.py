@@ -19,17 +19,39 @@ Each string is length-prefixed (4-byte big-endian byte count of its UTF-8), so
 The result is always 35 characters of ``[a-z0-9_]`` (128 bits of the digest), short and
 plain enough for any provider's tool-call id and any Kafka key. Test vectors are in
 `tests/schemas/test_ids.py`; a client in another language should check them.
+
+Wire ids. A thread id or message id that a producer chooses is 1 to `MAX_ID_LENGTH`
+(256) characters of ``A-Z a-z 0-9`` and ``. _ : @ / + = ~ -`` (`ID_PATTERN`): no
+spaces, no control characters, nothing that a terminal, a log line or a file name would
+read as anything but the id. The processor refuses an input whose ids break the rule
+(one `rejected:invalid_thread_id` or `rejected:invalid_message_id` receipt), and the
+CLI refuses them before producing. Derived ids always keep it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Final
 
 PREFIX: Final = "tp_"
 DOMAIN: Final = b"torpor.id.v1"
 HEX_DIGITS: Final = 32
 ID_LENGTH: Final = len(PREFIX) + HEX_DIGITS
+MAX_ID_LENGTH: Final = 256
+ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._:@/+=~-]{1,256}")
+
+
+def id_problem(value: str) -> str | None:
+    """Why `value` is not a wire id (module docstring), or None if it is one."""
+    if not value:
+        return "empty"
+    if len(value) > MAX_ID_LENGTH:
+        return f"{len(value)} characters, more than {MAX_ID_LENGTH}"
+    if ID_PATTERN.fullmatch(value) is None:
+        bad = next(c for c in value if ID_PATTERN.fullmatch(c) is None)
+        return f"character {bad!r} is not allowed (letters, digits and ._:@/+=~- only)"
+    return None
 
 
 def derive_id(base: str, *parts: str) -> str:

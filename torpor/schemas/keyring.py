@@ -12,6 +12,9 @@ The file is TOML (the format of Torpor's settings files)::
 
     format = 1                       # optional; the only format there is
 
+    [policy]                         # optional
+    users_must_sign = false          # true: every user input needs a key (a gateway's)
+
     [[keys]]
     id = "shell-2026-12"             # the key id inputs carry in `key_id`
     algorithm = "ed25519"            # optional; the only algorithm there is
@@ -19,6 +22,8 @@ The file is TOML (the format of Torpor's settings files)::
     sources = ["connector:shell"]    # required, non-empty: sources this key may sign for
     tools = ["shell"]                # optional, default ["*"]: tools it may answer for
     tenants = ["*"]                  # optional, default ["*"]: tenants it may act in
+    scopes = ["payments:read"]       # optional, default []: scopes a thread it creates
+                                     # may hold (a gateway's or an operator's key)
     valid_from = 2026-12-02T00:00:00Z    # required: a TOML offset date-time, or int ms
     valid_until = 2027-12-02T00:00:00Z   # optional: end of validity (exclusive)
 
@@ -34,6 +39,11 @@ Rotating to a new id works the same way and is simpler to audit. Never delete an
 whose key signed inputs still in the `inputs` topic: a replay verifies each input again
 against the version valid at its `created_at`, and must judge it as it was judged live.
 End a key's use by giving it a `valid_until` instead.
+
+Grants. A key that signs a root `CreateThread` grants the new thread its capability:
+the thread's tenant must match the key's `tenants`, each of its tools the key's `tools`,
+and each of its scopes the key's `scopes`, which default to none (a key grants no scope
+unless it says so). `torpor.processors.authority` applies this.
 
 Unknown fields in an entry are refused (a misspelt ``source =`` would otherwise widen
 nothing and narrow nothing silently).
@@ -63,9 +73,10 @@ KEY_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Key ids are plain enough to be file names (`torpor keys new` writes ``<id>.pem``)."""
 
 _ENTRY_FIELDS: Final = frozenset(
-    {"id", "algorithm", "public_key", "sources", "tools", "tenants", "valid_from", "valid_until"}
+    {"id", "algorithm", "public_key", "sources", "tools", "tenants", "scopes", "valid_from", "valid_until"}
 )
-_TOP_FIELDS: Final = frozenset({"format", "keys"})
+_TOP_FIELDS: Final = frozenset({"format", "policy", "keys"})
+_POLICY_FIELDS: Final = frozenset({"users_must_sign"})
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MILLISECOND: Final = dt.timedelta(milliseconds=1)
 
@@ -109,6 +120,7 @@ class KeyVersion:
     tenants: tuple[str, ...] = (ANY,)
     valid_from: int = 0
     valid_until: int | None = None
+    scopes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not KEY_ID_PATTERN.fullmatch(self.key_id):
@@ -122,8 +134,9 @@ class KeyVersion:
             )
         if not self.sources:
             raise ConfigError(f"key {self.key_id!r}: sources must list at least one source pattern")
-        for name, patterns in (("sources", self.sources), ("tools", self.tools), ("tenants", self.tenants)):
-            if not patterns:
+        for name, patterns in (("sources", self.sources), ("tools", self.tools), ("tenants", self.tenants),
+                               ("scopes", self.scopes)):
+            if not patterns and name != "scopes":
                 raise ConfigError(f"key {self.key_id!r}: {name} is empty (omit it to allow any)")
             for pattern in patterns:
                 if not is_valid_pattern(pattern):
@@ -158,6 +171,10 @@ class KeyVersion:
         """True if a tenant pattern of this key matches `tenant`."""
         return _matches_any(self.tenants, tenant)
 
+    def may_grant_scope(self, scope: str) -> bool:
+        """True if a scope pattern of this key matches `scope` (a key without `scopes` grants none)."""
+        return _matches_any(self.scopes, scope)
+
     def overlaps(self, other: KeyVersion) -> bool:
         """True if the validity windows of the two versions share a millisecond."""
         starts_before_other_ends = other.valid_until is None or self.valid_from < other.valid_until
@@ -174,6 +191,8 @@ class KeyRing:
     """
 
     entries: tuple[KeyVersion, ...] = ()
+    users_must_sign: bool = False
+    """`[policy] users_must_sign`: user inputs need a key too (else only `ApprovalDecision`)."""
     _by_id: Mapping[str, tuple[KeyVersion, ...]] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )
@@ -258,12 +277,21 @@ def parse_keyring(text: str, *, where: str = "<key ring>") -> KeyRing:
         raise ConfigError(
             f"key ring {where}: format {version!r} is not supported (this build reads {FORMAT})"
         )
+    policy = document.get("policy", {})
+    if not isinstance(policy, dict):
+        raise ConfigError(f"key ring {where}: 'policy' must be a table ([policy])")
+    unknown = sorted(set(policy) - _POLICY_FIELDS)
+    if unknown:
+        raise ConfigError(f"key ring {where}: unknown [policy] field(s) {', '.join(unknown)}")
+    users_must_sign = policy.get("users_must_sign", False)
+    if not isinstance(users_must_sign, bool):
+        raise ConfigError(f"key ring {where}: [policy] users_must_sign must be true or false")
     tables = document.get("keys", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"key ring {where}: 'keys' must be an array of tables ([[keys]])")
     entries = tuple(_entry(table, f"key ring {where}: keys[{i}]") for i, table in enumerate(tables))
     try:
-        return KeyRing(entries)
+        return KeyRing(entries, users_must_sign=users_must_sign)
     except ConfigError as exc:
         raise ConfigError(f"key ring {where}: {exc}") from None
 
@@ -297,6 +325,7 @@ def _entry(table: dict[str, object], where: str) -> KeyVersion:
             sources=_patterns(table, "sources", where),
             tools=_patterns(table, "tools", where),
             tenants=_patterns(table, "tenants", where),
+            scopes=_patterns(table, "scopes", where, default=()),
             valid_from=_time(table["valid_from"], "valid_from", where),
             valid_until=None
             if "valid_until" not in table
@@ -307,8 +336,9 @@ def _entry(table: dict[str, object], where: str) -> KeyVersion:
         raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
 
 
-def _patterns(table: dict[str, object], name: str, where: str) -> tuple[str, ...]:
-    value = table.get(name, [ANY])
+def _patterns(table: dict[str, object], name: str, where: str,
+              default: tuple[str, ...] = (ANY,)) -> tuple[str, ...]:
+    value = table.get(name, list(default))
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: {name!r} must be an array of strings")
     return tuple(str(v) for v in value)
@@ -359,6 +389,7 @@ def entry_toml(version: KeyVersion) -> str:
         f"sources = {_toml_array(version.sources)}",
         f"tools = {_toml_array(version.tools)}",
         f"tenants = {_toml_array(version.tenants)}",
+        f"scopes = {_toml_array(version.scopes)}",
         f"valid_from = {ms_to_text(version.valid_from)}",
     ]
     if version.valid_until is not None:
@@ -369,4 +400,6 @@ def entry_toml(version: KeyVersion) -> str:
 def keyring_toml(ring: KeyRing) -> str:
     """The whole ring in the file format (a header, then one table per entry)."""
     header = f"# Torpor key ring: public keys and what each may sign.\nformat = {FORMAT}\n"
+    if ring.users_must_sign:
+        header += "\n[policy]\nusers_must_sign = true\n"
     return header + "".join("\n" + entry_toml(v) for v in ring.entries)

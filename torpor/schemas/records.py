@@ -481,6 +481,7 @@ FORGED: Final = "forged"
 EXPIRED: Final = "expired"
 UNBOUND: Final = "unbound"
 INVALID: Final = "invalid"  # signed well enough, but fails its tool's declared result schema
+UNCHECKED: Final = "unchecked"  # refused at the door (ids, record key, partition) before any verdict
 
 RESERVED_SUFFIX: Final = "__injected"
 INJECTED_TOOL: Final = "receive_event__injected"
