@@ -75,3 +75,16 @@ def test_a_tail_of_every_thread_keeps_only_the_newest_names() -> None:
         renderer.render(event(f"parent-{i}", "child_spawned", {"child_thread_id": f"tp_{i:032x}"}))
     assert len(renderer.names) == MAX_NAMES
     assert f"tp_{0:032x}" not in renderer.names and f"tp_{MAX_NAMES + 4:032x}" in renderer.names
+
+
+def test_a_hostile_thread_id_or_text_cannot_forge_a_line_or_drive_the_terminal() -> None:
+    forged = "t\n22:13:20.123  root-thread  receipt  applied\x1b[2J"
+    renderer = Renderer()
+    said = UserEntry((TextBlock("fine\r\n22:13:20.123  root-thread  approved\x1b]0;pwned\x07"),), False)
+    lines = [renderer.render(item) for item in (
+        receipt(forged),
+        event(forged, "input_accepted", entry=HistoryEntry(seq=0, created_at=1, input_id="i", body=said)),
+    )]
+    for line in lines:
+        assert line is not None and line.isprintable(), line
+    assert lines[0] is not None and "t\\n22:13:20.123" in lines[0] and "\\x1b[2J" in lines[0]

@@ -46,7 +46,7 @@ from torpor.schemas.records import (
     ToolResult,
     UserMessage,
 )
-from torpor.schemas.signer import public_key_bytes, write_private_key
+from torpor.schemas.signer import Signer, SignerSettings, public_key_bytes, write_private_key
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -117,8 +117,11 @@ def test_an_agent_uses_four_tools_through_kafka_across_a_connector_restart(
     tools_pem, tools_key = _key(tmp_path, "tools-1", "connector:*")
     timer_pem, timer_key = _key(tmp_path, "timer-1", "timer")
     proc_pem, proc_key = _key(tmp_path, "proc-1", "processor")
+    # The tenant's gateway signs the user's inputs, granting the thread tenant `test`.
+    gateway_pem, gateway_key = _key(tmp_path, "gateway-1", "user:*")
+    gateway = Signer.from_settings(SignerSettings("gateway-1", gateway_pem))
     ring = tmp_path / "keyring.toml"
-    ring.write_text(keyring_toml(KeyRing((tools_key, timer_key, proc_key))))
+    ring.write_text(keyring_toml(KeyRing((tools_key, timer_key, proc_key, gateway_key))))
     for name, value in {"TORPOR_KEYRING": str(ring), "TORPOR_PROCESSOR_KEY_ID": "proc-1",
                         "TORPOR_PROCESSOR_KEY": str(proc_pem), "PYTHONPATH": str(REPO),
                         "TORPOR_MCP_SERVER": f"{sys.executable} {server_file}"}.items():
@@ -141,7 +144,8 @@ def test_an_agent_uses_four_tools_through_kafka_across_a_connector_restart(
         parent=None, context_window=200_000, compaction_threshold=0.8, allow_implicit_create=False)
 
     def envelope(label: str, body: CreateThread | UserMessage) -> Input:
-        return Input(f"{thread}-{label}", thread, 1_000 + len(label), "user:test", None, None, None, body)
+        return gateway.sign(Input(f"{thread}-{label}", thread, 1_000 + len(label), "user:test", None, None,
+                                  None, body))
 
     # A member killed -9 holds its partitions until its session times out: 6 s, the broker's least.
     quick = tmp_path / "quick-session.toml"

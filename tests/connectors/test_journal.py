@@ -125,3 +125,12 @@ def test_prune_forgets_only_settled_effects_older_than_the_window(reopen: Open) 
     assert journal.prune(before_ms=100) == 2
     assert [e.request_id for e in journal.effects()] == ["rq2"]
     assert journal.begin(dispatch("rq0", "c0"), 200) is None  # forgotten: it would run again
+
+
+def test_a_journal_on_disk_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    journal = EffectJournal(path)
+    try:
+        assert path.stat().st_mode & 0o777 == 0o700, oct(path.stat().st_mode)
+    finally:
+        journal.close()

@@ -127,9 +127,13 @@ class Deployment:
             producer.produce(self.topic("inputs"), key=record.thread_id.encode(), value=encode_value(record))
         assert producer.flush(30) == 0
 
-    def send_raw(self, key: bytes, value: bytes) -> None:
+    def send_raw(self, key: bytes, value: bytes, partition: int | None = None) -> None:
+        """`value` under `key`, on `partition` if given (else the key's own, by murmur2)."""
         producer = Producer({"bootstrap.servers": self.bootstrap, "partitioner": "murmur2_random"})
-        producer.produce(self.topic("inputs"), key=key, value=value)
+        if partition is None:
+            producer.produce(self.topic("inputs"), key=key, value=value)
+        else:
+            producer.produce(self.topic("inputs"), key=key, value=value, partition=partition)
         assert producer.flush(30) == 0
 
     def records(self, suffix: str) -> list[tuple[bytes | None, bytes | None, int]]:

@@ -117,3 +117,14 @@ def test_rocks_store_survives_reopening(tmp_path: Path) -> None:
     assert again.get(keys.state_key("t")) == b"s"
     assert again.offsets() == StoreOffsets(1, 2)
     again.close()
+
+
+def test_a_rocks_store_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    wide = tmp_path / "made-by-an-older-run"
+    wide.mkdir(mode=0o755)
+    for path in (tmp_path / "fresh", wide):
+        store = RocksStore(path)
+        try:
+            assert path.stat().st_mode & 0o777 == 0o700, oct(path.stat().st_mode)
+        finally:
+            store.close()

@@ -18,6 +18,7 @@ import click
 
 from torpor.cli.send import default_source, envelope, produce_inputs
 from torpor.cli.settings import read_settings, settings_options
+from torpor.cli.signing import signer_for, signing_options, wire_id
 from torpor.schemas.errors import TorporError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import ApprovalDecision, ThreadEvent
@@ -49,19 +50,28 @@ def requested(settings: Settings, approval_id: str) -> tuple[str, list[str]] | N
 @click.argument("approval_id")
 @click.argument("choice")
 @click.option(
-    "--thread", default=None, help="The thread that asked (default: look it up on the events topic)."
+    "--thread", default=None, callback=wire_id,
+    help="The thread that asked (default: look it up on the events topic).",
 )
 @click.option("--by", "decided_by", default=None, help="Who decides (default user:<login name>).")
+@signing_options
 @settings_options
 def approve(
     approval_id: str,
     choice: str,
     thread: str | None,
     decided_by: str | None,
+    signing_key_id: str | None,
+    signing_key: Path | None,
     config_file: Path | None,
     bootstrap: str | None,
 ) -> None:
-    """Decide APPROVAL_ID with CHOICE (one of the choices the tool offered)."""
+    """Decide APPROVAL_ID with CHOICE (one of the choices the tool offered).
+
+    With a key ring, a decision is accepted only signed (--signing-key-id, --signing-key)
+    by an operator's key or a gateway key of the thread's tenant.
+    """
+    signer = signer_for(signing_key_id, signing_key)
     settings = read_settings(config_file, bootstrap)
     who = decided_by or default_source()
     try:
@@ -76,17 +86,9 @@ def approve(
             if choice not in choices:
                 raise click.UsageError(f"{choice!r} is not one of the choices {choices}")
         message_id = derive_id(approval_id, "decision", choice)
-        produce_inputs(
-            settings,
-            [
-                envelope(
-                    thread,
-                    message_id,
-                    who if who.startswith("user:") else f"user:{who}",
-                    ApprovalDecision(approval_id=approval_id, choice=choice, decided_by=who),
-                )
-            ],
-        )
+        record = envelope(thread, message_id, who if who.startswith("user:") else f"user:{who}",
+                          ApprovalDecision(approval_id=approval_id, choice=choice, decided_by=who))
+        produce_inputs(settings, [signer.sign(record) if signer is not None else record])
     except TorporError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"decided {approval_id} {choice} (message {message_id})")

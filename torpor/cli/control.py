@@ -20,27 +20,24 @@ import click
 
 from torpor.cli.send import envelope, produce_inputs
 from torpor.cli.settings import read_settings, settings_options
+from torpor.cli.signing import signer_for, signing_options, wire_id
 from torpor.schemas.errors import TorporError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Control
-from torpor.schemas.signer import Signer, SignerSettings
 
 COMMANDS: Final = ("stop", "resume", "park", "unpark", "cancel_call", "compact", "delete", "set_model")
 
 
 @click.command("control")
-@click.argument("thread")
+@click.argument("thread", callback=wire_id)
 @click.argument("command", type=click.Choice(COMMANDS))
 @click.option("--model", default=None, help="set_model: the model string (openai:<m>, anthropic:<m>, ...).")
 @click.option("--call-id", default=None, help="cancel_call: the pending call to cancel.")
 @click.option("--reason", default=None, help="Why (kept in the receipt and the event).")
 @click.option("--operator", default=None, help="Who sends it (default: the login name).")
-@click.option("--message-id", default=None, help="A stable id, so a retried command is a duplicate.")
-@click.option("--signing-key-id", envvar="TORPOR_SIGNING_KEY_ID", default=None,
-              help="Sign with this key id (needed when the processor has a key ring).")
-@click.option("--signing-key", envvar="TORPOR_SIGNING_KEY", default=None,
-              type=click.Path(dir_okay=False, path_type=Path),
-              help="The private key file of --signing-key-id.")
+@click.option("--message-id", default=None, callback=wire_id,
+              help="A stable id, so a retried command is a duplicate.")
+@signing_options
 @settings_options
 def control(thread: str, command: str, model: str | None, call_id: str | None, reason: str | None,
             operator: str | None, message_id: str | None, signing_key_id: str | None,
@@ -50,15 +47,14 @@ def control(thread: str, command: str, model: str | None, call_id: str | None, r
         raise click.UsageError("--model goes with set_model, and set_model needs it")
     if (command == "cancel_call") != (call_id is not None):
         raise click.UsageError("--call-id goes with cancel_call, and cancel_call needs it")
-    if (signing_key_id is None) != (signing_key is None):
-        raise click.UsageError("give both --signing-key-id and --signing-key, or neither")
+    signer = signer_for(signing_key_id, signing_key)
     settings = read_settings(config_file, bootstrap)
     record = envelope(thread, message_id or derive_id(thread, "control", command, uuid.uuid4().hex),
                       f"operator:{operator or getpass.getuser()}",
                       Control(command=command, call_id=call_id, model=model, reason=reason))
     try:
-        if signing_key_id is not None and signing_key is not None:
-            record = Signer.from_settings(SignerSettings(signing_key_id, signing_key)).sign(record)
+        if signer is not None:
+            record = signer.sign(record)
         produce_inputs(settings, [record])
     except TorporError as error:
         raise click.ClickException(str(error)) from None

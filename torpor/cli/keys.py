@@ -73,6 +73,8 @@ def keys() -> None:
 )
 @click.option("--tool", "tools", multiple=True, help="A tool pattern (default: any). Repeatable.")
 @click.option("--tenant", "tenants", multiple=True, help="A tenant pattern (default: any). Repeatable.")
+@click.option("--scope", "scopes", multiple=True,
+              help="A scope pattern a thread this key creates may hold (default: none). Repeatable.")
 @click.option("--valid-from", default=None, help="Start of validity, RFC 3339 or ms (default: now).")
 @click.option("--valid-until", default=None, help="End of validity, exclusive (default: none).")
 @click.option(
@@ -93,6 +95,7 @@ def new(
     sources: tuple[str, ...],
     tools: tuple[str, ...],
     tenants: tuple[str, ...],
+    scopes: tuple[str, ...],
     valid_from: str | None,
     valid_until: str | None,
     out_dir: Path,
@@ -108,6 +111,7 @@ def new(
             sources=sources,
             tools=tools or ("*",),
             tenants=tenants or ("*",),
+            scopes=scopes,
             # The shell may read the clock; the key ring then holds a fixed time.
             valid_from=start if start is not None else time.time_ns() // 1_000_000,
             valid_until=_parse_time(valid_until, "--valid-until"),

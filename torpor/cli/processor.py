@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 import click
 
@@ -32,6 +33,10 @@ from torpor.streams.clients import make_admin
 from torpor.streams.config import Secret
 from torpor.streams.deadline import Deadline
 
+# The hosts of the vendors' own endpoints (the providers' DEFAULT_BASE_URL): a key sent
+# anywhere else is worth a warning at start.
+OPENAI_HOST: Final = "api.openai.com"
+ANTHROPIC_HOST: Final = "api.anthropic.com"
 EXIT_FATAL: Final = 2
 # Creating the topics on first start includes waiting for leaders; a laptop broker is quick.
 ENSURE_TOPICS_SECONDS: Final = 60.0
@@ -96,6 +101,9 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
             anthropic=EndpointSettings(base_url=anthropic_base_url, api_key=_key(anthropic_api_key_env)),
             bedrock=BedrockSettings(region=bedrock_region,
                                     endpoint=EndpointSettings(base_url=bedrock_endpoint_url)))
+        _warn_if_a_key_leaves("--openai-base-url", providers.openai, openai_api_key_env, OPENAI_HOST)
+        _warn_if_a_key_leaves("--anthropic-base-url", providers.anthropic, anthropic_api_key_env,
+                              ANTHROPIC_HOST)
         model = ModelRouter(providers, default_model, script=rules)
         hosted = HostedConnectors(settings, connectors, app=app, instance=instance,
                                   store_dir=config.store_dir)
@@ -121,6 +129,17 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
 def _key(variable: str) -> Secret | None:
     value = os.environ.get(variable, "").strip()
     return Secret(value) if value else None
+
+
+def _warn_if_a_key_leaves(flag: str, endpoint: EndpointSettings, variable: str, vendor: str) -> None:
+    """Say so at start when a provider key will be sent to a host that is not the vendor's."""
+    if endpoint.api_key is None or endpoint.base_url is None:
+        return
+    host = urlsplit(endpoint.base_url).hostname or ""
+    if host != vendor:
+        click.echo(f"warning: the key in ${variable} will be sent to {host} ({flag}), not to {vendor}; "
+                   f"unset {variable} (or point the key variable elsewhere) if {host} must not have it",
+                   err=True)
 
 
 def _fatal(error: BaseException) -> None:

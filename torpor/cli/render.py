@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from torpor.cli.transcript import short, with_data
+from torpor.cli.transcript import printable, short, with_data
 from torpor.schemas.records import (
     AssistantEntry,
     ContentBlock,
@@ -134,7 +134,7 @@ class Renderer:
         self.names[child] = f"{self.name(parent)}/{kind}:{child.removeprefix('tp_')[:6]}"
 
     def _line(self, thread_id: str, created_at: int, kind: str, text: str) -> str:
-        name = self.name(thread_id)
+        name = printable(self.name(thread_id))  # a thread id is the writer's text too
         indent = "  " * name.count("/")
         when = datetime.fromtimestamp(created_at / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
         # An approval's line ends in the command that decides it: never cut, so it can be copied.

@@ -38,6 +38,7 @@ from typing import Final
 import click
 
 from torpor.cli.settings import read_settings, settings_options
+from torpor.cli.signing import signer_for, signing_options, wire_id
 from torpor.connectors.manifest import read_toolsets
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import TorporError
@@ -191,7 +192,7 @@ def _resolve(names: list[str], settings: Settings) -> tuple[ToolSpec, ...]:
 
 
 @click.command("send")
-@click.argument("thread")
+@click.argument("thread", callback=wire_id)
 @click.argument("text")
 @click.option(
     "--new", is_flag=True, help="Create the thread first (with --thread-config and the flags below)."
@@ -207,9 +208,11 @@ def _resolve(names: list[str], settings: Settings) -> tuple[ToolSpec, ...]:
 @click.option("--tool", "tools", multiple=True, help="A tool to grant the new thread (repeatable).")
 @click.option("--instructions", default=None, help="The new thread's system prompt.")
 @click.option("--source", default=None, help="The input's source (default user:<login name>).")
-@click.option("--message-id", default=None, help="A stable id, so a retried send is a duplicate.")
+@click.option("--message-id", default=None, callback=wire_id,
+              help="A stable id, so a retried send is a duplicate.")
 @click.option("--wait", "wait_s", type=float, default=None, metavar="SECONDS",
               help="Wait this long for the receipts and print them; exit 1 if one is not applied.")
+@signing_options
 @settings_options
 def send(
     thread: str,
@@ -222,11 +225,19 @@ def send(
     source: str | None,
     message_id: str | None,
     wait_s: float | None,
+    signing_key_id: str | None,
+    signing_key: Path | None,
     config_file: Path | None,
     bootstrap: str | None,
 ) -> None:
-    """Send TEXT to THREAD as a user message (with --new, create the thread first)."""
+    """Send TEXT to THREAD as a user message (with --new, create the thread first).
+
+    A thread in a tenant other than `default` takes user input only signed by one of
+    that tenant's gateway keys (--signing-key-id, --signing-key) when the processor has a
+    key ring; so does creating one.
+    """
     settings = read_settings(config_file, bootstrap)
+    signer = signer_for(signing_key_id, signing_key)
     who = source or default_source()
     if not who.startswith("user:"):
         raise click.UsageError(f"--source must be user:<name>, got {who!r} (other sources must sign)")
@@ -264,6 +275,8 @@ def send(
             )
         )
     records.append(envelope(thread, message_id, who, UserMessage((TextBlock(text),))))
+    if signer is not None:
+        records = [signer.sign(r) for r in records]
     try:
         if wait_s is None:
             _produce(settings, records)

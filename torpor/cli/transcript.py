@@ -42,9 +42,18 @@ def _text(blocks: tuple[TextBlock | ImageBlock | ThinkingBlock, ...]) -> str:
     return " ".join(b.text if isinstance(b, TextBlock) else f"[{type(b).__name__}]" for b in blocks)
 
 
+def printable(value: str) -> str:
+    """`value` with every control character escaped (``\\n``, ``\\x1b``): what a record says
+    can never start a line of its own or drive the terminal."""
+    if value.isprintable():
+        return value
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
 def short(value: str, width: int = WIDTH) -> str:
-    """`value` on one line (whitespace runs collapsed), cut to `width` characters with `…`."""
-    value = " ".join(value.split())
+    """`value` on one line (whitespace runs collapsed, control characters escaped), cut to
+    `width` characters with `…`."""
+    value = printable(" ".join(value.split()))
     return value if len(value) <= width else value[: width - 1] + "…"
 
 

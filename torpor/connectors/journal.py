@@ -83,7 +83,10 @@ class EffectJournal:
             self._db = {}
             self._rocks: Rdict | None = None
         else:
-            path.mkdir(parents=True, exist_ok=True)
+            # Arguments and results are private: only the connector's user may read them (0700,
+            # tightened if an older run made it wider).
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.chmod(0o700)
             self._rocks = Rdict(str(path), Options(raw_mode=True))
             self._sync = WriteOptions()
             self._sync.sync = True  # a journaled effect must survive a kill -9 (module docstring)

@@ -172,7 +172,10 @@ class RocksStore:
 
     def __init__(self, path: Path | str, *, sync: bool = False) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        # Histories are private: only the processor's own user may read the store (0700,
+        # tightened if an older run made it wider).
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path.chmod(0o700)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         table = BlockBasedOptions()
