@@ -7,7 +7,10 @@ Every exception Torpor raises descends from `TorporError`. Each package adds an
     ├── ConfigError              refuse to start: a setting is missing or wrong
     ├── ContractError            bytes or records that break the wire contract
     │   ├── DecodeError          undecodable record (names topic, partition, offset)
-    │   └── SchemaMismatchError  a Python record and its .avsc disagree
+    │   ├── SchemaMismatchError  a Python record and its .avsc disagree
+    │   ├── JsonTextError        untrusted text that is not acceptable JSON (also a ValueError)
+    │   ├── InvalidSchemaError   a tool's JSON Schema that cannot be registered (also a ValueError)
+    │   └── SchemaViolation      a value that does not satisfy its JSON Schema (also a ValueError)
     ├── RetriableError           retry the call within its deadline
     ├── CheckpointAbortedError   abort the transaction, drop the overlay, seek back
     ├── FencedError              another instance owns the transactional id: exit
@@ -58,6 +61,19 @@ class DecodeError(ContractError):
 
 class SchemaMismatchError(ContractError):
     """A Python record class and the Avro schema of the same name disagree."""
+
+
+class JsonTextError(ContractError, ValueError):
+    """Untrusted text is not JSON, or nests deeper than the limit. The message is the short
+    reason (`not JSON: ...`, `nested deeper than 64 levels`), fit to show a model."""
+
+
+class InvalidSchemaError(ContractError, ValueError):
+    """A JSON Schema text cannot be used: not JSON, not a schema, or outside Torpor's limits."""
+
+
+class SchemaViolation(ContractError, ValueError):
+    """A value does not satisfy a JSON Schema (or could not be checked within the limits)."""
 
 
 class RetriableError(TorporError):
