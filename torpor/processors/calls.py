@@ -6,25 +6,24 @@ and turns real tool calls and timed sleeps into pending calls plus dispatches. I
 assigns a status: a valid `close_thread` is reported back as `CallOutcome.CLOSE` and
 `fold.py` closes the thread.
 
-Argument validators are compiled with fastjsonschema once per schema text and memoised;
-the memo holds pure functions of their key, so it cannot change what the fold decides.
+Arguments are read and validated by `torpor.schemas.jsontext` (bounded depth, RE2
+regexes, metered validation, validators memoised per schema text): whatever the model or
+a `CreateThread` wrote, a bad call becomes a refusal the model reads, never an exception
+that parks the thread, and the verdict is the same on a replay.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Final
-
-import fastjsonschema
 
 from torpor.processors import builtins as b
 from torpor.processors.children import CHILD, child_config, is_root
 from torpor.processors.draft import Draft, json_text, text
 from torpor.processors.state import CallKind, ChildRef, PendingCall
+from torpor.schemas.errors import InvalidSchemaError, JsonTextError, SchemaViolation
+from torpor.schemas.jsontext import compile_schema, parse_json
 from torpor.schemas.records import (
     INJECTED_TOOL,
     RESERVED_SUFFIX,
@@ -35,20 +34,12 @@ from torpor.schemas.records import (
     ToolSpec,
 )
 
-Validator = Callable[[object], object]
-
 
 class CallOutcome(Enum):
     ANSWERED = "answered"  # a result is already in history
     PENDING = "pending"  # waiting for a connector, a timer or any input
     REFUSED = "refused"  # an error result was injected; counts against max_invalid_calls
     CLOSE = "close"  # a valid close_thread: the fold closes the thread after the turn
-
-
-@functools.lru_cache(maxsize=512)
-def validator_for(schema_text: str) -> Validator:
-    compiled: Validator = fastjsonschema.compile(json.loads(schema_text))
-    return compiled
 
 
 def is_reserved(name: str) -> bool:
@@ -76,13 +67,11 @@ def refusal(draft: Draft, call: ToolCall) -> str | None:
         if capability.expires_at is not None and draft.now >= capability.expires_at:
             return b.CAPABILITY_EXPIRED
     try:
-        arguments = json.loads(call.arguments or "{}")
-    except ValueError as error:
-        return b.invalid_arguments(call.name, f"not JSON ({error})")
-    try:
-        validator_for(spec.parameters)(arguments)
-    except fastjsonschema.JsonSchemaException as error:
+        compile_schema(spec.parameters)(parse_json(call.arguments or "{}"))
+    except (JsonTextError, SchemaViolation) as error:
         return b.invalid_arguments(call.name, str(error))
+    except InvalidSchemaError as error:  # registered before schemas were checked at CreateThread
+        return b.invalid_arguments(call.name, f"the tool's parameters schema is invalid: {error}")
     return None
 
 
@@ -94,7 +83,10 @@ def answer(draft: Draft, call: ToolCall, content: str, ok: bool = True, origin: 
 
 
 def _arguments(call: ToolCall) -> dict[str, object]:
-    parsed = json.loads(call.arguments or "{}")
+    try:
+        parsed = parse_json(call.arguments or "{}")
+    except JsonTextError:  # `refusal` already answered such a call; never reached
+        return {}
     return parsed if isinstance(parsed, dict) else {}
 
 
@@ -198,8 +190,8 @@ def _spawn(draft: Draft, call: ToolCall, instructions: str, turn_seq: int) -> Ca
 
 def _same_arguments(left: str, right: str) -> bool:
     try:
-        return bool(json.loads(left) == json.loads(right))
-    except ValueError:
+        return bool(parse_json(left) == parse_json(right))
+    except JsonTextError:
         return left == right
 
 

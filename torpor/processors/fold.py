@@ -107,6 +107,7 @@ from torpor.processors.state import (
     ThreadState,
     Transition,
 )
+from torpor.schemas.jsontext import tool_spec_problem
 from torpor.schemas.records import (
     APPLIED,
     DUPLICATE,
@@ -225,6 +226,13 @@ def _fold_absent(input: Input, facts: Facts) -> Transition:
     else:
         # Not remembered: a thread that does not exist keeps no rows at all.
         return _receipt_only(None, input, facts, rejected("unknown_thread"), None)
+    # Tool schemas are judged when they are registered, not at the first call: a thread
+    # is never created with a tool whose schema cannot be read (children copy the tools
+    # of a parent that passed this check, so they pass it too).
+    problem = next((f"{spec.name}: {why}" for spec in config.tools
+                    if (why := tool_spec_problem(spec)) is not None), None)
+    if problem is not None:
+        return _receipt_only(None, input, facts, rejected("invalid_config"), problem)
     state = ThreadState(
         thread_id=input.thread_id, status=Status.IDLE, version=0, config=config, model=config.model,
         history_len=0, head=GENESIS_HEAD, pending_request=None, pending_request_len=0, pending_calls=(),

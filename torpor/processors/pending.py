@@ -9,7 +9,6 @@ transitions themselves are in `fold.py`.
 
 from __future__ import annotations
 
-import json
 from typing import TypeVar
 
 from torpor.processors import builtins as b
@@ -22,6 +21,8 @@ from torpor.processors.state import (
     PendingCall,
     ThreadState,
 )
+from torpor.schemas.errors import JsonTextError
+from torpor.schemas.jsontext import parse_json
 from torpor.schemas.records import (
     APPLIED,
     DEFERRED,
@@ -114,10 +115,10 @@ def unmatched(state: ThreadState, call_id: str) -> str:
 
 
 def json_object(arguments: str) -> dict[str, object]:
-
+    """`arguments` as a JSON object, or {} if they are not one (or not bounded JSON)."""
     try:
-        parsed = json.loads(arguments or "{}")
-    except ValueError:
+        parsed = parse_json(arguments or "{}")
+    except JsonTextError:
         return {}
     return parsed if isinstance(parsed, dict) else {}
 

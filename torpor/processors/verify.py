@@ -44,18 +44,15 @@ source `processor`), and unsigned inputs claiming to be the processor's are refu
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Final, Protocol
 
-import fastjsonschema
-
 from torpor.processors.authority import authority_verdict, grant_verdict
 from torpor.processors.builtins import TIMER_TOOL
-from torpor.processors.calls import validator_for
 from torpor.processors.state import ThreadState
 from torpor.schemas import signing
-from torpor.schemas.errors import ConfigError
+from torpor.schemas.errors import ConfigError, InvalidSchemaError, JsonTextError, SchemaViolation
+from torpor.schemas.jsontext import compile_schema, parse_json
 from torpor.schemas.keyring import KeyRing, load_keyring
 from torpor.schemas.records import (
     INVALID,
@@ -196,15 +193,15 @@ def _result_schema_problem(record: Input, state: ThreadState, tool: str) -> str 
         return None
     text = "".join(block.text for block in body.content if isinstance(block, TextBlock))
     try:
-        value = json.loads(text)
-    except ValueError as error:
-        return f"not JSON ({error})"
+        value = parse_json(text)
+    except JsonTextError as error:
+        return str(error)  # "not JSON: ..." or "nested deeper than ... levels"
     try:
-        validate = validator_for(spec.result_schema)
-    except (ValueError, fastjsonschema.JsonSchemaDefinitionException) as error:
+        validate = compile_schema(spec.result_schema)
+    except InvalidSchemaError as error:
         return f"the tool's result_schema is not a valid JSON Schema ({error})"
     try:
         validate(value)
-    except fastjsonschema.JsonSchemaException as error:
+    except SchemaViolation as error:
         return str(error)
     return None

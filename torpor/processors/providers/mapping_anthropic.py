@@ -45,6 +45,7 @@ from anthropic.types import (
 from torpor.processors.model import Finished
 from torpor.processors.providers.errors import IncompleteStreamError
 from torpor.processors.providers.turns import Answered, Results, Said, conversation
+from torpor.schemas.jsontext import parse_json
 from torpor.schemas.records import (
     AssistantBlock,
     ContentBlock,
@@ -100,7 +101,7 @@ def _tool_input(arguments: str) -> dict[str, object]:
     # The API takes an object. A model's malformed arguments were already answered with an
     # error result by the fold; show them to the model as they were, under one key.
     try:
-        parsed = json.loads(arguments or "{}")
+        parsed = parse_json(arguments or "{}")
     except ValueError:
         return {"invalid_arguments": arguments}
     return parsed if isinstance(parsed, dict) else {"invalid_arguments": arguments}

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from torpor.processors.model import Finished
 from torpor.processors.providers.errors import IncompleteStreamError
 from torpor.processors.providers.turns import Answered, Results, Said, conversation
+from torpor.schemas.jsontext import parse_json
 from torpor.schemas.records import (
     AssistantBlock,
     ContentBlock,
@@ -118,7 +119,7 @@ def _input_object(arguments: str) -> dict[str, object]:
     # Converse takes a JSON object. Arguments that are not one were already answered with an
     # error result by the fold; the model sees them as it wrote them, under one key.
     try:
-        value = json.loads(arguments or "{}")
+        value = parse_json(arguments or "{}")
     except ValueError:
         value = None
     return value if isinstance(value, dict) else {"invalid_arguments": arguments}

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from torpor.schemas.jsontext import parse_json
 from torpor.schemas.records import (
     INJECTED_TOOL,
     AssistantBlock,
@@ -88,7 +89,7 @@ Turn = Said | Answered | Results
 def injected_arguments(entry: EventEntry) -> str:
     """The JSON arguments of the synthetic call for `entry` (original args inlined if JSON)."""
     try:
-        original: object = json.loads(entry.original_args) if entry.original_args else {}
+        original: object = parse_json(entry.original_args) if entry.original_args else {}
     except ValueError:
         original = entry.original_args
     return json.dumps(
