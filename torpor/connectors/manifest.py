@@ -13,6 +13,13 @@ created against an older toolset. The topic is compacted: the latest manifest pe
 toolset is what `read_toolsets` returns. A `CreateThread` carries the full `ToolSpec`s
 it grants (`Manifest.specs`, their schemas in canonical JSON text: `canonical_spec`):
 the fold never looks tools up.
+
+Every spec is checked with `torpor.schemas.jsontext.tool_spec_problem`, the same check
+the fold makes at `CreateThread`: `publish_manifest` refuses an invalid spec with a
+`ConfigError` (the connector does not start with a tool no thread could be created
+with), and `decode_manifest` leaves an invalid spec out of what it returns, naming it in
+`Manifest.skipped`, so a reader of `toolsets` never crashes on what another connector
+wrote; `read_toolsets` logs a warning for each skipped spec or undecodable record.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterable
@@ -28,7 +36,8 @@ from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from torpor.schemas.errors import DecodeError, RetriableError
+from torpor.schemas.errors import ConfigError, DecodeError, RetriableError
+from torpor.schemas.jsontext import MAX_SCHEMA_DEPTH, parse_json, tool_spec_problem
 from torpor.schemas.records import ToolSpec
 from torpor.streams.clients import make_consumer
 from torpor.streams.config import Settings
@@ -36,7 +45,10 @@ from torpor.streams.deadline import Deadline
 from torpor.streams.errors import translate
 from torpor.streams.topics import TopicNames
 
+log = logging.getLogger(__name__)
+
 READ_SECONDS: Final = 10.0
+_MANIFEST_DEPTH: Final = MAX_SCHEMA_DEPTH + 3  # the document, its tool list and a tool around each schema
 # librdkafka does not flag these retriable, but right after a topic is created they are.
 _NO_LEADER_YET: Final = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                                    KafkaError.UNKNOWN_TOPIC_OR_PART})
@@ -50,6 +62,7 @@ class Manifest:
     version: str
     source: str
     specs: tuple[ToolSpec, ...]
+    skipped: tuple[str, ...] = ()  # "<tool>: <problem>" for each invalid spec left out
 
 
 def manifests(specs: Iterable[ToolSpec], source: str) -> list[Manifest]:
@@ -66,9 +79,13 @@ def encode_manifest(manifest: Manifest) -> bytes:
 
 
 def decode_manifest(value: bytes, *, where: str = "toolsets") -> Manifest:
-    """Parse a manifest; `DecodeError` naming `where` for anything that is not one."""
+    """Parse a manifest; `DecodeError` naming `where` for anything that is not one.
+
+    A spec that `tool_spec_problem` refuses is left out and named in `skipped`."""
     try:
-        data = json.loads(value)
+        data = parse_json(value.decode("utf-8"), max_depth=_MANIFEST_DEPTH)
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
         specs = tuple(
             ToolSpec(name=str(t["name"]), description=str(t["description"]),
                      parameters=canonical_json(t["parameters"]),
@@ -77,8 +94,11 @@ def decode_manifest(value: bytes, *, where: str = "toolsets") -> Manifest:
                      passive=bool(t["passive"]), toolset=str(data["toolset"]))
             for t in data["tools"]
         )
-        return Manifest(str(data["toolset"]), str(data["version"]), str(data["source"]), specs)
-    except (ValueError, KeyError, TypeError) as error:
+        problems = [(spec, tool_spec_problem(spec)) for spec in specs]
+        return Manifest(str(data["toolset"]), str(data["version"]), str(data["source"]),
+                        tuple(spec for spec, problem in problems if problem is None),
+                        tuple(f"{spec.name}: {problem}" for spec, problem in problems if problem is not None))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DecodeError(f"not a toolset manifest: {error}", topic=where) from None
 
 
@@ -95,7 +115,14 @@ def canonical_spec(spec: ToolSpec) -> ToolSpec:
 
 
 def publish_manifest(producer: Producer, topic: str, specs: Iterable[ToolSpec], *, source: str) -> None:
-    """Produce the manifests of `specs` to `topic` (the producer's next flush delivers them)."""
+    """Produce the manifests of `specs` to `topic` (the producer's next flush delivers them).
+
+    `ConfigError` if a spec is invalid (`tool_spec_problem`): nothing is produced."""
+    specs = tuple(specs)
+    for spec in specs:
+        problem = tool_spec_problem(spec)
+        if problem is not None:
+            raise ConfigError(f"{source} cannot publish tool {spec.name!r}: {problem}; fix its schema")
     for manifest in manifests(specs, source):
         producer.produce(topic, key=manifest.toolset.encode("utf-8"), value=encode_manifest(manifest))
 
@@ -125,7 +152,7 @@ def read_toolsets(settings: Settings, timeout_s: float = READ_SECONDS) -> dict[s
                 raise translate(error, operation=f"read {topic}")
             key, value = message.key(), message.value()
             if key is not None and value is not None:
-                found[key.decode("utf-8")] = decode_manifest(value, where=topic)
+                _take(found, key.decode("utf-8", "replace"), value, topic)
             elif key is not None:
                 found.pop(key.decode("utf-8"), None)  # a tombstone: the toolset was withdrawn
             if (message.offset() or 0) + 1 >= ends[message.partition() or 0]:
@@ -133,6 +160,18 @@ def read_toolsets(settings: Settings, timeout_s: float = READ_SECONDS) -> dict[s
     finally:
         consumer.close()
     return found
+
+
+def _take(found: dict[str, Manifest], toolset: str, value: bytes, topic: str) -> None:
+    """Keep the manifest in `value` (without its invalid specs); warn about what is skipped."""
+    try:
+        manifest = decode_manifest(value, where=topic)
+    except DecodeError as error:
+        log.warning("toolset %r skipped: %s", toolset, error)
+        return
+    for skipped in manifest.skipped:
+        log.warning("toolset %r: tool skipped, %s", toolset, skipped)
+    found[toolset] = manifest
 
 
 def _end(consumer: Consumer, partition: TopicPartition, deadline: Deadline) -> int:
