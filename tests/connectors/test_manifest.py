@@ -17,11 +17,12 @@ from torpor.connectors.manifest import (
     decode_manifest,
     encode_manifest,
     manifests,
+    publish_manifest,
     read_toolsets,
 )
 from torpor.connectors.subscriptions import WATCH_SPEC
 from torpor.connectors.timers import TIMER_SPEC
-from torpor.schemas.errors import DecodeError
+from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 
 __all__ = ["deployment"]  # the fixture, shared with test_processor
@@ -73,3 +74,36 @@ def test_a_connector_publishes_its_toolset_at_start(deployment: Deployment) -> N
     assert found["local"].source == "connector:echo"
     echo.send_signal(signal.SIGTERM)
     assert echo.wait(timeout=60) == 0
+
+
+BACKREFERENCE = {"type": "object", "properties": {"t": {"pattern": "(a)\\1"}}}
+BACKREFERENCE_SPEC = dataclasses.replace(ECHO_SPEC, name="bad", parameters=json.dumps(BACKREFERENCE))
+
+
+def test_publishing_an_invalid_spec_is_a_config_error_and_nothing_is_produced() -> None:
+    produced: list[bytes] = []
+
+    class Recorder:
+        def produce(self, topic: str, key: bytes, value: bytes) -> None:
+            produced.append(value)
+
+    with pytest.raises(ConfigError, match="cannot publish tool 'bad': parameters: pattern"):
+        publish_manifest(Recorder(), "toolsets", (ECHO_SPEC, BACKREFERENCE_SPEC),  # type: ignore[arg-type]
+                         source="connector:echo")
+    assert produced == []
+
+
+def test_reading_a_manifest_skips_an_invalid_spec_and_names_it() -> None:
+    (manifest,) = manifests((ECHO_SPEC,), source="connector:echo")
+    document = json.loads(encode_manifest(manifest))
+    deep = json.loads("[" * 30 + "]" * 30)
+    document["tools"].append({**document["tools"][0], "name": "bad", "parameters": BACKREFERENCE})
+    document["tools"].append({**document["tools"][0], "name": "deep", "parameters": deep})
+    decoded = decode_manifest(json.dumps(document).encode())
+    assert [s.name for s in decoded.specs] == ["echo"]
+    assert [why.split(":")[0] for why in decoded.skipped] == ["bad", "deep"]
+
+
+def test_a_manifest_nested_too_deep_is_a_decode_error_not_a_crash() -> None:
+    with pytest.raises(DecodeError, match="nested deeper"):
+        decode_manifest(b"[" * 50_000 + b"]" * 50_000)
