@@ -87,6 +87,17 @@ _TOKENS: Final = re2.compile(r'(?s)"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 def parse_json(text: str, *, max_depth: int = MAX_DEPTH) -> object:
     """The value of JSON `text`; `JsonTextError` if it is not JSON or nests deeper than `max_depth`."""
+    if text.count("[") + text.count("{") > max_depth:  # else it cannot nest too deep: skip the scan
+        _check_depth(text, max_depth)
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except JsonTextError:
+        raise
+    except ValueError as error:  # JSONDecodeError, or an integer past Python's digit limit
+        raise JsonTextError(f"not JSON: {error}") from None
+
+
+def _check_depth(text: str, max_depth: int) -> None:
     depth = 0
     for token in _TOKENS.finditer(text):
         opening = text[token.start()]
@@ -96,12 +107,6 @@ def parse_json(text: str, *, max_depth: int = MAX_DEPTH) -> object:
                 raise JsonTextError(f"nested deeper than {max_depth} levels")
         elif opening in "]}":
             depth -= 1
-    try:
-        return json.loads(text, parse_constant=_refuse_constant)
-    except JsonTextError:
-        raise
-    except ValueError as error:  # JSONDecodeError, or an integer past Python's digit limit
-        raise JsonTextError(f"not JSON: {error}") from None
 
 
 def _refuse_constant(name: str) -> object:
