@@ -38,6 +38,7 @@ from tests.processors.test_processor import (
     deployment,
 )
 from tests.waiting import wait_until
+from torpor.connectors.echo import ECHO_SPEC
 from torpor.schemas import signing
 from torpor.schemas.codec import encode_value
 from torpor.schemas.keyring import KeyRing, KeyVersion, keyring_toml
@@ -46,6 +47,7 @@ from torpor.schemas.records import (
     Capability,
     Completion,
     Control,
+    CreateThread,
     Input,
     InputBody,
     TextBlock,
@@ -339,3 +341,58 @@ def test_a_hostile_writer_cannot_act_for_another_role_nor_stop_the_processor(
         process.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]
     assert echo.wait(timeout=60) == 0, deployment.log("echo")[-3000:]
+
+
+def test_hostile_json_neither_stalls_the_partition_nor_parks_the_thread(
+    deployment: Deployment, keys: tuple[Ed25519PrivateKey, Path]
+) -> None:
+    echo_key, _ = keys
+    victim, broken = f"victim-{uuid.uuid4().hex[:8]}", f"broken-{uuid.uuid4().hex[:8]}"
+    # The client snapshots the tool into the thread: its result must be a string of a's.
+    picky = dataclasses.replace(ECHO_SPEC, result_schema='{"type": "string", "pattern": "^(a+)+$"}')
+    create, hello = _conversation(victim, "please ping")
+    assert isinstance(create.body, CreateThread)
+    picky_create = dataclasses.replace(create, body=dataclasses.replace(
+        create.body, config=dataclasses.replace(create.body.config, tools=(picky,))))
+    unusable = dataclasses.replace(ECHO_SPEC, parameters="{not json")
+    broken_create = dataclasses.replace(_conversation(broken, "x")[0], body=dataclasses.replace(
+        create.body, config=dataclasses.replace(create.body.config, tools=(unusable,))))
+    deployment.send(*_gateway(picky_create, hello, broken_create))
+    processor = deployment.start(_processor(deployment), "processor")
+    wait_until(lambda: any(d.thread_id == victim for d in deployment.dispatches()), timeout=120,
+               message=f"the victim's dispatch; processor log:\n{deployment.log('processor')[-3000:]}")
+    (dispatch,) = [d for d in deployment.dispatches() if d.thread_id == victim]
+
+    def answer(message_id: str, text: str) -> Input:
+        return signing.sign(_answer(victim, dispatch.call_id, dispatch.request_id, message_id, text),
+                            "echo-1", echo_key)
+
+    # 2^5000 ways to split the a's for a backtracking regex; RE2 answers at once.
+    redos = answer("hostile-redos", '"' + "a" * 5_000 + '!"')
+    # Past the interpreter's recursion limit for a naive reader, within this fixture's MAX_BYTES.
+    deep = answer("hostile-deep", "[" * 5_000 + "]" * 5_000)
+    deployment.send(redos, deep)
+    bystanders = _bystanders()
+    for name in bystanders:
+        deployment.send(*_gateway(*_conversation(name, "hello")))
+    wait_until(lambda: all(deployment.answers(b) == ["Hello to you."] for b in bystanders), timeout=180,
+               message=f"every partition's bystander; processor log:\n{deployment.log('processor')[-3000:]}")
+    assert processor.poll() is None, deployment.log("processor")[-3000:]
+
+    receipts = {r.input_id: r for r in deployment.receipts()}
+    refused = receipts[redos.message_id]
+    assert refused.disposition == "rejected:invalid" and (refused.reason or "").startswith("result_schema")
+    too_deep = receipts[deep.message_id]
+    assert too_deep.disposition == "rejected:invalid" and "nested deeper" in (too_deep.reason or "")
+    not_created = receipts[broken_create.message_id]
+    assert not_created.disposition == "rejected:invalid_config" and "echo" in (not_created.reason or "")
+
+    # The thread was not parked: the genuine answer, which fits the schema, still applies.
+    fitting = answer("genuine", '"aaaa"')
+    deployment.send(fitting)
+    wait_until(lambda: [r.disposition for r in deployment.receipts() if r.input_id == "genuine"]
+               == ["applied"], timeout=120,
+               message=f"the genuine answer; processor log:\n{deployment.log('processor')[-3000:]}")
+    wait_until(lambda: len(deployment.answers(victim)) == 2, timeout=120, message="the turn after the answer")
+    processor.send_signal(signal.SIGTERM)
+    assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]
