@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,15 +250,18 @@ def test_a_processor_refuses_to_start_with_an_unreadable_key_ring(
     assert "Traceback" not in result.stderr
 
 
-def _bystanders() -> list[str]:
-    """A thread id on each partition: every partition must keep folding after the attack."""
-    found: dict[int, str] = {}
-    n = 0
-    while len(found) < PARTITIONS:
-        name = f"bystander-{uuid.uuid4().hex[:6]}-{n}"
-        found.setdefault(partition_for(name.encode(), PARTITIONS), name)
-        n += 1
-    return list(found.values())
+def _every_partition_still_folds(deployment: Deployment, processor: subprocess.Popen[bytes]) -> None:
+    """A new thread on each partition gets its answer, and the processor is still running."""
+    bystanders: dict[int, str] = {}
+    while len(bystanders) < PARTITIONS:
+        name = f"bystander-{uuid.uuid4().hex[:8]}"
+        bystanders.setdefault(partition_for(name.encode(), PARTITIONS), name)
+    for name in bystanders.values():
+        deployment.send(*_gateway(*_conversation(name, "hello")))
+    wait_until(lambda: all(deployment.answers(b) == ["Hello to you."] for b in bystanders.values()),
+               timeout=180,
+               message=f"every partition's bystander; processor log:\n{deployment.log('processor')[-3000:]}")
+    assert processor.poll() is None, deployment.log("processor")[-3000:]
 
 
 def test_a_hostile_writer_cannot_act_for_another_role_nor_stop_the_processor(
@@ -309,13 +313,7 @@ def test_a_hostile_writer_cannot_act_for_another_role_nor_stop_the_processor(
     for message_id, thread in (("atk-empty", ""), ("atk-newline", "t\n12:00:00 operator approved")):
         deployment.send_raw(thread.encode(), encode_value(raw(message_id, UserMessage((TextBlock("hi"),)),
                                                               thread=thread)))
-    bystanders = _bystanders()
-    for name in bystanders:
-        deployment.send(*_gateway(*_conversation(name, "hello")))
-
-    wait_until(lambda: all(deployment.answers(b) == ["Hello to you."] for b in bystanders), timeout=180,
-               message=f"every partition's bystander; processor log:\n{deployment.log('processor')[-3000:]}")
-    assert processor.poll() is None, deployment.log("processor")[-3000:]
+    _every_partition_still_folds(deployment, processor)
     receipts = {r.input_id: r for r in deployment.receipts()}
     expected = {**{record.message_id: (disposition, reason) for record, disposition, reason
                    in hostile.values()},
@@ -372,12 +370,7 @@ def test_hostile_json_neither_stalls_the_partition_nor_parks_the_thread(
     # Past the interpreter's recursion limit for a naive reader, within this fixture's MAX_BYTES.
     deep = answer("hostile-deep", "[" * 5_000 + "]" * 5_000)
     deployment.send(redos, deep)
-    bystanders = _bystanders()
-    for name in bystanders:
-        deployment.send(*_gateway(*_conversation(name, "hello")))
-    wait_until(lambda: all(deployment.answers(b) == ["Hello to you."] for b in bystanders), timeout=180,
-               message=f"every partition's bystander; processor log:\n{deployment.log('processor')[-3000:]}")
-    assert processor.poll() is None, deployment.log("processor")[-3000:]
+    _every_partition_still_folds(deployment, processor)
 
     receipts = {r.input_id: r for r in deployment.receipts()}
     refused = receipts[redos.message_id]
