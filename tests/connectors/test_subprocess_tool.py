@@ -66,10 +66,10 @@ def texts(inputs: list[Input]) -> str:
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        # A killed child not yet reaped by its (dead) parent is a zombie: gone for our purpose.
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):  # reaped, perhaps between the two looks
         return False
-    # A killed child not yet reaped by its (dead) parent is a zombie: gone for our purpose.
-    stat = Path(f"/proc/{pid}/stat").read_text()
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
@@ -106,7 +106,8 @@ def test_an_argv_list_runs_without_a_shell() -> None:
 def test_cancel_kills_the_process_group_including_a_child_of_the_child(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild"
     # The shell starts a background sleep (a grandchild of the tool) and records its pid.
-    command = f"sleep 60 & echo $! > {pidfile}; echo started; wait"
+    # It outlives the wait below: gone within it means killed.
+    command = f"sleep 600 & echo $! > {pidfile}; echo started; wait"
 
     async def go(tool: SubprocessTool, out: list[Input]) -> None:
         tool.submit(dispatch({"command": command}))
@@ -114,7 +115,7 @@ def test_cancel_kills_the_process_group_including_a_child_of_the_child(tmp_path:
         grandchild = int(pidfile.read_text())
         assert alive(grandchild)
         tool.submit(dispatch({}, kind="cancel", request_id="cancel-1"))
-        await until(lambda: not alive(grandchild))
+        await until(lambda: not alive(grandchild), timeout_s=120)
         assert tool.busy == 0
 
     out = run(go)

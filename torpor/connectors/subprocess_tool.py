@@ -173,11 +173,20 @@ class SubprocessTool(InProcessConnector):
 
     async def _run(self, dispatch: Dispatch, argv: list[str], timeout: float, cwd: str | None) -> None:
         key = (dispatch.thread_id, dispatch.call_id)
+        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        ))
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            )
+            # Shielded: the child runs (and may have started children) before its pipes are
+            # connected, and a cancel then would make asyncio kill the child alone.
+            process = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                child = await spawn
+                kill_group(child.pid, signal.SIGKILL)
+                await exited(child, KILL_GRACE_S)
+            raise
         except OSError as error:
             self.answer(dispatch, ok=False, content=text(f"run_command could not start {argv[0]!r}: {error}"))
             return
