@@ -1,12 +1,17 @@
 """Scale-out: two processor instances in one group split six partitions; one is killed -9.
 
 The second instance joins while the first is folding (a cooperative revoke mid-stream),
-then the first is killed. The survivor takes the dead instance's partitions over (after the session timeout of
-its static membership, shortened here to 6 s through `[kafka.librdkafka]`), restores
-their stores from the changelog into its own store directory, re-issues the model calls
-that were in flight, and every conversation completes exactly once: one decisive
-receipt per input, no dispatch request id twice in the outbox (read_committed), one
-answer per turn. A replay of the log then matches the changelog.
+then the first is killed. The survivor takes the dead instance's partitions over (after
+the session timeout of its static membership, shortened here to 6 s through
+`[kafka.librdkafka]`), restores their stores from the changelog into its own store
+directory, re-issues the model calls that were in flight, and every conversation
+completes exactly once: one decisive receipt per input, no dispatch request id twice in
+the outbox (read_committed), one answer per turn. A replay of the log then matches the
+changelog.
+
+The echo connector starts only after the kill: until then no conversation can finish,
+so the survivor has turns left to fold however slowly the instances start (on a loaded
+machine p0 once finished every conversation before p1 joined, and p1 committed nothing).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from tests.processors.test_processor import (
     _conversation,
 )
 from tests.waiting import wait_until
+from torpor.schemas.codec import decode_value
+from torpor.schemas.records import Receipt
 from torpor.streams.admin import ensure_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
@@ -109,7 +116,6 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
     six: SixPartitions, admin: AdminClient
 ) -> None:
     group, inputs = f"app-{six.prefix}", six.topic("inputs")
-    echo = six.start([TORPOR, "connector", "run-echo", "--group", f"echo-{six.prefix}"], "echo")
     first = six.start(six.slow_processor("p0"), "p0")
     wait_until(lambda: _assignment(admin, group, inputs).get("p0") == set(range(SIX)), timeout=60,
                message=f"p0 owns every partition: {six.log('p0')[-2000:]}")
@@ -117,7 +123,14 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
     for thread_id in threads:
         six.send(*_conversation(thread_id, "please ping slowly"))
     receipts = Tail(six.bootstrap, six.topic("receipts"))
-    wait_until(lambda: receipts.count() >= len(threads), timeout=60, message="p0 has begun folding")
+    created = {f"{thread_id}-create" for thread_id in threads}
+
+    def all_created() -> bool:
+        receipts.count()
+        return created <= {decode_value(v, Receipt).input_id for v in receipts.values}
+
+    # On every partition, so each store p1 takes over comes from the changelog.
+    wait_until(all_created, timeout=120, message="p0 has folded every thread's creation")
     # p1 joins mid-stream: p0 commits or aborts its open checkpoint on the cooperative
     # revoke (librdkafka#4059 can make that an ILLEGAL_GENERATION abort) and cancels the
     # model calls of the partitions that move; p1 restores them and re-issues the calls.
@@ -128,24 +141,26 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
         halves = sorted(len(p) for p in owned.values())
         return owned if set(owned) == {"p0", "p1"} and halves == [3, 3] else None
 
-    owned = wait_until(split, timeout=60, message=f"p0 and p1 own three partitions each: "
+    owned = wait_until(split, timeout=120, message=f"p0 and p1 own three partitions each: "
                        f"{six.log('p0')[-2000:]}\n{six.log('p1')[-2000:]}")
     assert owned["p0"] | owned["p1"] == set(range(SIX))
     # Every thread has been created and asked: model calls are in flight on both.
-    wait_until(lambda: receipts.count() >= 2 * len(threads), timeout=60,
+    wait_until(lambda: receipts.count() >= 2 * len(threads), timeout=120,
                message="the creations and texts folded on both instances")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
 
-    wait_until(lambda: _assignment(admin, group, inputs).get("p1") == set(range(SIX)), timeout=60,
+    wait_until(lambda: _assignment(admin, group, inputs).get("p1") == set(range(SIX)), timeout=120,
                message=f"p1 owns every partition after the kill: {six.log('p1')[-3000:]}")
+    # Every conversation now waits for its echo: what is left, p1 folds.
+    echo = six.start([TORPOR, "connector", "run-echo", "--group", f"echo-{six.prefix}"], "echo")
     finals = Tail(six.bootstrap, six.topic("events"))
 
     def all_answered() -> bool:
         done = {t for t, text in finals.answers() if text == "The echo said ping."}
         return done >= set(threads)
 
-    wait_until(all_answered, timeout=90, message=f"every conversation finished: {six.log('p1')[-3000:]}")
+    wait_until(all_answered, timeout=120, message=f"every conversation finished: {six.log('p1')[-3000:]}")
     for process in (second, echo):
         process.send_signal(signal.SIGTERM)
     assert second.wait(timeout=60) == 0, six.log("p1")[-3000:]
