@@ -38,7 +38,8 @@ def clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
+# Generous: the tasks are in-process, but a loaded machine may not run them for seconds.
+async def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
     end = asyncio.get_running_loop().time() + timeout_s
     while not condition():
         assert asyncio.get_running_loop().time() < end, "condition not reached in time"

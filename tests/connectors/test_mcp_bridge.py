@@ -121,7 +121,8 @@ def serve(server: StdioServerParameters, specs: tuple[ToolSpec, ...],
     return received
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+# Generous: the server is a process, and a loaded machine may not schedule it for seconds.
+async def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
     end = asyncio.get_running_loop().time() + timeout_s
     while not condition():
         assert asyncio.get_running_loop().time() < end, "condition not reached in time"
@@ -179,7 +180,7 @@ def test_a_slow_tool_times_out_and_a_cancelled_call_never_answers(
         bridge.submit(dispatch("slow", {"seconds": 1.5}, "r2", call_id="call-2"))
         await until(lambda: bridge.busy == 2)
         bridge.submit(dispatch("slow", {}, "cancel-2", kind="cancel", call_id="call-2"))
-        await until(lambda: len(out) == 1, timeout_s=8)
+        await until(lambda: len(out) == 1)
         await asyncio.sleep(0.2)  # room for a wrong answer to the cancelled call
 
     out = serve(server, specs, script, timeout_s=0.8)

@@ -165,7 +165,9 @@ def test_a_stalled_stream_fails_within_the_stall_timeout() -> None:
     started = time.monotonic()
     error = _fails([_sse(wire.ant_text("Sunny"), stall_after=3)], stall_timeout_s=0.3)
     assert isinstance(error, StreamStalledError)
-    assert time.monotonic() - started < 5
+    # Generous for a loaded machine, yet well short of the default stall timeout (180 s)
+    # and of the server's stall (an hour).
+    assert time.monotonic() - started < 60
 
 
 def test_an_unreachable_server_is_transient() -> None:

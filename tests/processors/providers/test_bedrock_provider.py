@@ -247,8 +247,10 @@ def test_a_stalled_stream_fails_within_the_stall_timeout_and_its_thread_ends() -
     started = time.monotonic()
     error = _fails([bw.stream(bw.cv_text("Sunny"), stall_after=2)], stall_timeout_s=0.3)
     assert isinstance(error, StreamStalledError)
-    assert time.monotonic() - started < 5
-    wait_until(lambda: not _stream_threads(), 5, "the stalled stream's thread is still reading")
+    # Generous for a loaded machine, yet well short of the default stall timeout (180 s)
+    # and of the server's stall (an hour).
+    assert time.monotonic() - started < 60
+    wait_until(lambda: not _stream_threads(), 60, "the stalled stream's thread is still reading")
 
 
 def test_the_event_loop_runs_while_boto3_blocks() -> None:
