@@ -31,6 +31,9 @@ __all__ = ["deployment"]  # the fixture, shared with test_processor
 RUNNING: list[str] = []
 CALLS: list[str] = []
 MOST: list[int] = [0]
+# A call waits until this many have run at once (the concurrency test sets 2): the bound
+# is then reached however the dispatches trickle in, not only if two arrive within 0.3 s.
+TOGETHER: list[int] = [1]
 
 
 @tool(description="Takes a while.", toolset="test")
@@ -38,6 +41,9 @@ async def slow(args: dict[str, Any], call: Call) -> str:
     CALLS.append(call.request_id)
     RUNNING.append(call.request_id)
     MOST[0] = max(MOST[0], len(RUNNING))
+    async with asyncio.timeout(60):
+        while MOST[0] < TOGETHER[0]:
+            await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
     RUNNING.remove(call.request_id)
     return f"done {call.request_id}"
@@ -88,8 +94,12 @@ def test_concurrency_is_bounded_and_every_dispatch_is_answered(
     _produce(deployment, *(_dispatch(n) for n in range(4)))
     CALLS.clear()
     MOST[0] = 0
-    _serve(deployment, tmp_path / "journal", lambda _: len({r.request_id for r in _results(deployment)}) >= 4,
-           max_concurrency=2)
+    TOGETHER[0] = 2
+    try:
+        _serve(deployment, tmp_path / "journal",
+               lambda _: len({r.request_id for r in _results(deployment)}) >= 4, max_concurrency=2)
+    finally:
+        TOGETHER[0] = 1
     assert MOST[0] == 2  # two at a time: never more, and the bound was reached
     assert sorted(r.request_id for r in _results(deployment)) == [f"rq-{n}" for n in range(4)]
     journal = EffectJournal(tmp_path / "journal")
