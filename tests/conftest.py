@@ -116,7 +116,7 @@ def topic_factory(admin: AdminClient, request: pytest.FixtureRequest) -> Iterato
                 and all(p.leader >= 0 for p in topic.partitions.values())
             )
 
-        wait_until(has_leaders, timeout=30, message=f"topic {name} has no leader on every partition")
+        wait_until(has_leaders, timeout=60, message=f"topic {name} has no leader on every partition")
         return name
 
     yield create

@@ -197,9 +197,9 @@ def test_a_lone_input_is_committed_at_once_not_at_the_commit_interval(rig: Count
     try:
         wait_until(lambda: loop.owned_partitions == [0, 1, 2] or None, 60, "the loop owns every partition")
         first = rig.produce_inputs(1)
-        rig.wait_for_out(1, timeout=20)  # a sixth of the interval: committed because idle
+        rig.wait_for_out(1, timeout=60)  # half the interval: committed because idle
         more = rig.produce_inputs(5, first=1)
-        rig.wait_for_out(6, timeout=20)
+        rig.wait_for_out(6, timeout=60)
     finally:
         stop.set()
         runner.join(timeout=60)

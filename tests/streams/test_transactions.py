@@ -81,7 +81,7 @@ def values_until(consumer: Consumer, last: bytes) -> list[bytes]:
         seen.append(value)
         return value == last
 
-    wait_until(reached_last, timeout=30, message=f"{last!r} never arrived; read so far: {seen}")
+    wait_until(reached_last, timeout=60, message=f"{last!r} never arrived; read so far: {seen}")
     return seen
 
 
@@ -166,7 +166,7 @@ def test_offsets_sent_with_a_transaction_move_the_group_only_when_it_commits(
     producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), CALL_TIMEOUT)
     producer.commit_transaction(CALL_TIMEOUT)
 
-    wait_until(lambda: committed_offset() == 5, timeout=30, message="the committed offset never reached 5")
+    wait_until(lambda: committed_offset() == 5, timeout=60, message="the committed offset never reached 5")
 
 
 @pytest.mark.kafka

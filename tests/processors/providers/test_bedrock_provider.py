@@ -37,7 +37,7 @@ def _aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     bw.client_environment(monkeypatch)
     yield
     # Every stream's thread ends with its stream, whichever way the stream ended.
-    wait_until(lambda: not _stream_threads(), 5, "a stream's thread outlived its test")
+    wait_until(lambda: not _stream_threads(), 60, "a stream's thread outlived its test")
 
 
 def _provider(url: str, **endpoint: Any) -> BedrockProvider:
@@ -282,7 +282,7 @@ def test_closing_the_stream_early_ends_its_thread() -> None:
             assert first == TextDelta("Sunny ") and _stream_threads()
             await stream.aclose()  # what the stage does to a cancelled completion
             await asyncio.to_thread(
-                wait_until, lambda: not _stream_threads(), 5, "the closed stream's thread is still reading"
+                wait_until, lambda: not _stream_threads(), 60, "the closed stream's thread is still reading"
             )
             return [r.path for r in server.requests]
 
@@ -305,9 +305,8 @@ def test_cancelling_the_waiting_task_ends_the_stream_and_its_thread() -> None:
             task.cancel()  # the stage giving up on a completion (a stop, a revoked partition)
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await asyncio.to_thread(
-                wait_until, lambda: not _stream_threads(), 5, "the cancelled stream's thread is still reading"
-            )
+            await asyncio.to_thread(wait_until, lambda: not _stream_threads(), 60,
+                                    "the cancelled stream's thread is still reading")
             return task.cancelled()
 
     assert run(scenario())
