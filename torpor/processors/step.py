@@ -151,8 +151,9 @@ def step(
 
     `default_config` is what a first `UserMessage` may create an unknown thread with.
     `partitions`: how many partitions `inputs` has, to check that each keyed record is on
-    its thread's partition (None: not checked). Never raises for an input's sake; a
-    store that fails to read or write raises (abort the checkpoint).
+    its thread's partition (None: not checked). Never raises for an input's sake: even a
+    store read that fails while folding one input ends as that input's `parked` receipt.
+    Raises only if writing the batch to `store` fails (abort the checkpoint).
     """
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")

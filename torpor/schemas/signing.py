@@ -65,16 +65,13 @@ request id) is the processor's check, made with the thread's state.
 
 Which sources sign. `SigningPolicy.required_sources` (default ``connector:*``, ``timer``,
 ``operator:*``) must sign; an unsigned input from them is `unsigned` /
-`missing_signature`, and the fold refuses it. `user:*` sources need not: a user's
-identity is the gateway's to authenticate, before it produces. `processor` need not
-either: the processor writes its loopback inputs (children, parents, completions) itself,
-inside the same Kafka transaction as the fold's decision that caused them. That trust
-rests on the topic's write ACL, not on the record: anyone who may produce to `inputs`
-can write ``source = "processor"``. Where untrusted principals can produce to `inputs`,
-give the processor a key of its own (`TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`):
-it then signs its loopbacks and completions, and ``processor`` joins `required_sources`
-(`torpor.processors.verify`). A source that need not sign may still sign,
-and is then judged in full (a bad signature is `forged`, never quietly `unsigned`).
+`missing_signature`. This is the rule a reader of the envelope alone can apply. The
+processor applies a stricter one before it gets here (`torpor.processors.authority`):
+each body type may come only from certain roles, every role but `user` signs
+(`processor` included: a key ring needs a processor key), and a thread's tenant and
+scopes must be granted by the key that signed its creation (docs/security.md). A source
+that need not sign may still sign, and is then judged in full (a bad signature is
+`forged`, never quietly `unsigned`).
 
 Evolution and replay. Verification re-encodes the decoded body. If a body's schema
 gains a field after an input was signed, an old input decoded under the new schema
