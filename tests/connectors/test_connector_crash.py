@@ -40,7 +40,10 @@ pytestmark = pytest.mark.kafka
 
 __all__ = ["deployment"]  # the fixture, shared with test_processor
 
-NAP_SECONDS: Final = 3
+NAP_SECONDS: Final = 20
+"""Long enough that no nap is due before all three are journaled and the connector is
+killed, even on a loaded machine (at 3 s, the first thread's nap could fire while the
+third was still being folded, and the test would see a timer fired before the kill)."""
 SCRIPT: Final = f"""\
 [thread]
 id = "unused"
