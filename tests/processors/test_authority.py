@@ -395,3 +395,24 @@ def test_nothing_that_needs_a_signer_is_folded_without_its_key(data: st.DataObje
         version = RING.version_at(record.key_id, record.created_at)
         assert version is not None and version.may_sign_source(record.source)
         assert signing.verify(record, RING).is_verified
+
+
+@pytest.mark.parametrize(("source", "key_id", "disposition"), [
+    ("user:alice", None, "rejected:unsigned"),  # users need not sign text, but a decision is authority
+    ("user:alice", "gateway-globex", "rejected:forged"),  # a gateway of another tenant
+    ("connector:tools", "tools-1", "rejected:forged"),
+    ("user:alice", "gateway-acme", "applied"),
+    ("operator:ops", "operator-1", "applied"),
+])
+def test_an_approval_is_decided_only_under_a_key_of_the_threads_tenant_or_an_operators(
+        source: str, key_id: str | None, disposition: str) -> None:
+    rig = Rig()
+    request_id = _awaiting_search(rig)
+    asked = ApprovalRequest(approval_id="a1", call_id="c1", request_id=request_id, prompt="deploy?",
+                            choices=("yes", "no"), default_choice=None, expires_at=None)
+    assert rig.send(asked, "connector:tools").disposition == "applied"
+    before = rig.state()
+    receipt = rig.send(ApprovalDecision(approval_id="a1", choice="yes", decided_by=source), source, key_id)
+    assert receipt.disposition == disposition, receipt
+    if disposition != "applied":
+        assert rig.state() == before

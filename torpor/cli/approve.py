@@ -53,7 +53,8 @@ def requested(settings: Settings, approval_id: str) -> tuple[str, list[str]] | N
     "--thread", default=None, callback=wire_id,
     help="The thread that asked (default: look it up on the events topic).",
 )
-@click.option("--by", "decided_by", default=None, help="Who decides (default user:<login name>).")
+@click.option("--by", "decided_by", default=None,
+              help="Who decides: user:<id> or operator:<id> (default user:<login name>).")
 @signing_options
 @settings_options
 def approve(
@@ -86,7 +87,9 @@ def approve(
             if choice not in choices:
                 raise click.UsageError(f"{choice!r} is not one of the choices {choices}")
         message_id = derive_id(approval_id, "decision", choice)
-        record = envelope(thread, message_id, who if who.startswith("user:") else f"user:{who}",
+        # An operator decides as `operator:<id>` (signed with an operator key); anyone else as a user.
+        source = who if who.startswith(("user:", "operator:")) else f"user:{who}"
+        record = envelope(thread, message_id, source,
                           ApprovalDecision(approval_id=approval_id, choice=choice, decided_by=who))
         produce_inputs(settings, [signer.sign(record) if signer is not None else record])
     except TorporError as error:
