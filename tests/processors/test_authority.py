@@ -103,6 +103,7 @@ class Rig:
     """One partition's store, folded by `step` under the key ring, as the processor does."""
 
     store: MemoryStore = field(default_factory=MemoryStore)
+    ring: KeyRing = RING
     clock: int = 1_000_000
     counter: int = 0
     receipts: list[Receipt] = field(default_factory=list)
@@ -117,7 +118,7 @@ class Rig:
                      source=source, expires_at=None, key_id=None, signature=None, body=body)
 
     def fold(self, *records: StepRecord, partitions: int | None = None) -> StepOutput:
-        out = step(self.store, list(records), verifier=KeyringVerifier(RING), partitions=partitions)
+        out = step(self.store, list(records), verifier=KeyringVerifier(self.ring), partitions=partitions)
         self.receipts.extend(out.receipts)
         self.dispatches.extend(out.dispatches)
         return out
@@ -233,10 +234,12 @@ def test_a_completion_not_signed_by_the_processor_dispatches_nothing(source: str
 # --- 4. capabilities are granted, not claimed ---------------------------------------
 
 
-def _claiming(tenant: str, scopes: tuple[str, ...], parent: ParentLink | None = None) -> InputBody:
+def _claiming(tenant: str, scopes: tuple[str, ...], parent: ParentLink | None = None,
+              tools: tuple[str, ...] | None = None) -> InputBody:
     base = config()
     return create(dataclasses.replace(base, parent=parent, capability=Capability(
-        tenant=tenant, tools=base.capability.tools, scopes=scopes, expires_at=None)))
+        tenant=tenant, tools=base.capability.tools if tools is None else tools, scopes=scopes,
+        expires_at=None)))
 
 
 @pytest.mark.parametrize(("body", "source", "key_id", "why"), [
@@ -265,12 +268,23 @@ def test_a_granted_capability_is_what_the_dispatches_carry() -> None:
 
 def test_an_unsigned_user_gets_a_public_thread_and_may_talk_to_it() -> None:
     rig = Rig()
-    assert rig.send(_claiming(PUBLIC_TENANT, ()), "user:anyone", None).disposition == "applied"
+    assert rig.send(_claiming(PUBLIC_TENANT, (), tools=()), "user:anyone", None).disposition == "applied"
     assert rig.send(user("hello"), "user:anyone", None).disposition in ("applied", "deferred")
     # ...but not to a tenant's thread.
     assert rig.send(create(config()), "user:alice", thread="acme-thread").disposition == "applied"
     receipt = rig.send(user("let me in"), "user:anyone", None, thread="acme-thread")
     assert (receipt.disposition, receipt.reason) == ("rejected:unsigned", "missing_signature")
+
+
+def test_an_unsigned_thread_holds_only_the_tools_the_ring_makes_public() -> None:
+    receipt = Rig().send(_claiming(PUBLIC_TENANT, (), tools=("search",)), "user:anyone", None)
+    assert (receipt.disposition, receipt.reason) == ("rejected:forged", "tool_not_granted")
+    public = Rig(ring=dataclasses.replace(RING, public_tools=("search",)))
+    assert public.send(_claiming(PUBLIC_TENANT, (), tools=("search",)), "user:anyone", None).disposition \
+        == "applied"
+    receipt = public.send(_claiming(PUBLIC_TENANT, (), tools=("search", "fetch")), "user:anyone", None,
+                          thread="t2")
+    assert (receipt.disposition, receipt.reason) == ("rejected:forged", "tool_not_granted")
 
 
 # --- 5, 6, 9. the door: ids, record keys, partitions ------------------------------------

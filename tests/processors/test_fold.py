@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from tests.processors.fold_scenarios import (
@@ -30,6 +31,7 @@ from torpor.schemas.records import (
     CompletionError,
     EventEntry,
     Input,
+    ParentLink,
     ParentMessage,
     SummaryEntry,
     TextBlock,
@@ -528,7 +530,8 @@ def test_approval_requests_are_kept_and_a_valid_decision_is_dispatched_back() ->
     decision = ApprovalDecision(approval_id="a1", choice="yes", decided_by="user:bob")
     assert world.send("t", decision).disposition == "applied"
     sent = world.dispatch_for("t", "c1", kind="approval_decision")
-    assert json.loads(sent.arguments) == {"approval_id": "a1", "choice": "yes", "decided_by": "user:bob"}
+    # Who decided is the input's source (what its key vouches for), not what the body claims.
+    assert json.loads(sent.arguments) == {"approval_id": "a1", "choice": "yes", "decided_by": "user:alice"}
     assert (
         world.send("t", ApprovalDecision("a1", "yes", "user:bob")).disposition == "rejected:unknown_approval"
     )
@@ -768,13 +771,26 @@ def test_create_thread_with_inherited_entries_renumbers_them_from_zero() -> None
         key_id=None,
         signature=None,
         body=create(initial="continue").__class__(
-            config=config(), inherited=inherited[1:], initial=(TextBlock("continue"),)
+            config=dataclasses.replace(config(), parent=ParentLink("t", "t", "s1", "child", 1)),
+            inherited=inherited[1:], initial=(TextBlock("continue"),)
         ),
     )
     transition = fold(None, child, Facts())
-    assert transition.state is not None and transition.state.history_len == 2
+    # The inherited turn (seq 1 in the parent) is the child's entry 0; a child's
+    # instructions reach it through the spawn call's result, not as an entry here.
+    assert transition.state is not None and transition.state.history_len == 1
     seqs = [e.entry.seq for e in transition.effects if hasattr(e, "entry") and not hasattr(e, "event")]
-    assert seqs == [0, 1]
+    assert seqs == [0]
+
+
+def test_a_root_thread_that_brings_history_of_its_own_is_refused() -> None:
+    world = started()
+    world.reply("t", "hi")
+    forged = dataclasses.replace(create(), inherited=tuple(world.histories["t"]))
+    receipt = world.send("u", forged)
+    assert receipt.disposition == "rejected:invalid_config"
+    assert receipt.reason == "a root thread inherits no history (only a child the processor creates does)"
+    assert world.states.get("u") is None
 
 
 def test_every_input_gets_exactly_one_receipt_last() -> None:

@@ -49,6 +49,7 @@ def versions(draw: st.DrawFn) -> KeyVersion:
         tenants=tuple(draw(st.lists(patterns, min_size=1, max_size=3))),
         valid_from=start,
         valid_until=end,
+        scopes=tuple(draw(st.lists(patterns, max_size=3))),
     )
 
 
@@ -71,10 +72,21 @@ def test_an_entry_reads_back_equal(version: KeyVersion) -> None:
     assert parse_keyring(entry_toml(version)).entries == (version,)
 
 
-@given(entries=st.lists(versions(), max_size=4, unique_by=lambda v: v.key_id))
-def test_a_ring_reads_back_equal(entries: list[KeyVersion]) -> None:
-    ring = KeyRing(tuple(entries))
+@given(entries=st.lists(versions(), max_size=4, unique_by=lambda v: v.key_id),
+       users_must_sign=st.booleans(), public_tools=st.lists(patterns, max_size=3))
+def test_a_ring_reads_back_equal(entries: list[KeyVersion], users_must_sign: bool,
+                                 public_tools: list[str]) -> None:
+    ring = KeyRing(tuple(entries), users_must_sign=users_must_sign, public_tools=tuple(public_tools))
     assert parse_keyring(keyring_toml(ring)) == ring
+
+
+def test_the_policy_is_read_and_defaults_to_nothing_public() -> None:
+    assert (parse_keyring("").users_must_sign, parse_keyring("").public_tools) == (False, ())
+    ring = parse_keyring('[policy]\nusers_must_sign = true\npublic_tools = ["echo", "search*"]\n')
+    assert ring.users_must_sign and ring.is_public_tool("echo") and ring.is_public_tool("search-web")
+    assert not ring.is_public_tool("shell")
+    with pytest.raises(ConfigError, match="unknown \\[policy\\] field"):
+        parse_keyring("[policy]\nuser_must_sign = true\n")
 
 
 def test_a_ring_file_loads(tmp_path: Path) -> None:

@@ -22,8 +22,9 @@ the source (so the source string is checked against the key, never trusted alone
 
 Capabilities are granted, not claimed. A root `CreateThread` signed by a key may ask for
 a tenant, tools and scopes only within that key's `tenants`, `tools` and `scopes`; an
-unsigned one (a user, where users need not sign) gets nothing: tenant `PUBLIC_TENANT`
-and no scopes. An unsigned user may likewise only write to threads of `PUBLIC_TENANT`:
+unsigned one (a user, where users need not sign) gets nothing but what the ring makes
+public: tenant `PUBLIC_TENANT`, no scopes, and only the tools of `[policy] public_tools`
+(none by default). An unsigned user may likewise only write to threads of `PUBLIC_TENANT`:
 a tenant's threads take user input only under a key of that tenant. A child's
 capability is its parent's (the fold copies it: `children.child_config`), and a child
 `CreateThread` can only come from the processor, signed with the processor key.
@@ -164,12 +165,13 @@ def authority_verdict(record: Input, state: ThreadState | None, ring: KeyRing) -
     return None
 
 
-def grant_verdict(record: Input, version: KeyVersion | None) -> Verdict | None:
+def grant_verdict(record: Input, version: KeyVersion | None, ring: KeyRing) -> Verdict | None:
     """A refusal if a root `CreateThread` claims more than its signer's key grants, else None.
 
     `version` is the key version that verified the signature, or None for an accepted
-    unsigned input, which is granted `PUBLIC_TENANT` and no scopes. `forged` with
-    `tenant_not_granted`, `tool_not_granted` or `scope_not_granted` otherwise.
+    unsigned input, which is granted `PUBLIC_TENANT`, no scopes and the ring's public
+    tools. `forged` with `tenant_not_granted`, `tool_not_granted` or `scope_not_granted`
+    otherwise.
     """
     body = record.body
     if not isinstance(body, CreateThread) or body.config.parent is not None:
@@ -180,6 +182,8 @@ def grant_verdict(record: Input, version: KeyVersion | None) -> Verdict | None:
             return Verdict(FORGED, TENANT_NOT_GRANTED, record.key_id)
         if capability.scopes:
             return Verdict(FORGED, SCOPE_NOT_GRANTED, record.key_id)
+        if not all(ring.is_public_tool(tool) for tool in capability.tools):
+            return Verdict(FORGED, TOOL_NOT_GRANTED, record.key_id)
         return None
     if not version.may_sign_tenant(capability.tenant):
         return Verdict(FORGED, TENANT_NOT_GRANTED, record.key_id)

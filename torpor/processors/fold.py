@@ -107,6 +107,7 @@ from torpor.processors.state import (
     ThreadState,
     Transition,
 )
+from torpor.schemas.ids import PREFIX as DERIVED_PREFIX
 from torpor.schemas.jsontext import tool_spec_problem
 from torpor.schemas.records import (
     APPLIED,
@@ -231,6 +232,16 @@ def _fold_absent(input: Input, facts: Facts) -> Transition:
     # of a parent that passed this check, so they pass it too).
     problem = next((f"{spec.name}: {why}" for spec in config.tools
                     if (why := tool_spec_problem(spec)) is not None), None)
+    if config.parent is None and input.thread_id.startswith(DERIVED_PREFIX):
+        # Derived ids name the processor's children: a root thread squatting one would
+        # make the real child's creation fail (its id is computable from the outbox).
+        problem = (f"thread ids starting with {DERIVED_PREFIX} are derived: only the processor's "
+                   "children have one")
+    if isinstance(body, CreateThread) and config.parent is None and body.inherited:
+        # History is what this runtime folded: only the processor's own child creation
+        # carries some (the parent's), or a creator could write turns, tool results and
+        # messages that no model, connector or parent produced.
+        problem = "a root thread inherits no history (only a child the processor creates does)"
     if problem is not None:
         return _receipt_only(None, input, facts, rejected("invalid_config"), problem)
     state = ThreadState(

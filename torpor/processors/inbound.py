@@ -8,6 +8,7 @@ and writes the one receipt.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 from torpor.processors import builtins as b
@@ -62,10 +63,11 @@ def on_create_thread(draft: Draft) -> str:
     link = body.config.parent
     answered: set[str] = set()
     calls: dict[str, tuple[str, str]] = {}
+    seqs = sorted(e.seq for e in body.inherited)  # one sort: each summary is renumbered by bisection
     for old in body.inherited:
         entry = old.body
         if isinstance(entry, SummaryEntry):  # renumber into the child's own seq space
-            kept = sum(1 for e in body.inherited if e.seq < entry.up_to_seq and e.seq < old.seq)
+            kept = bisect.bisect_left(seqs, min(entry.up_to_seq, old.seq))
             entry = dataclasses.replace(entry, up_to_seq=kept)
         if isinstance(entry, AssistantEntry):
             calls.update({c.call_id: (c.name, c.arguments) for c in entry.tool_calls})
@@ -112,7 +114,9 @@ def on_user_message(draft: Draft) -> str:
 def on_tool_result(draft: Draft) -> str:
     body = body_of(draft, ToolResult)
     call = find_call(draft.state, body.call_id)
-    if call is None or call.request_id != body.request_id:
+    # Only a connector's call takes a connector's result: a sleep is the timer's to end,
+    # a wait any input's (its request id is empty, so it must never bind).
+    if call is None or call.kind is not CallKind.TOOL or call.request_id != body.request_id:
         draft.reason = "no pending call with this id and request"
         return unmatched(draft.state, body.call_id) if call is None else STALE
     end_call(draft, call, ToolResultEntry(call_id=call.call_id, name=call.tool, ok=body.ok,
@@ -252,7 +256,7 @@ def on_parent_message(draft: Draft) -> str:
 def on_approval_request(draft: Draft) -> str:
     body = body_of(draft, ApprovalRequest)
     call = find_call(draft.state, body.call_id)
-    if call is None or call.request_id != body.request_id:
+    if call is None or call.kind is not CallKind.TOOL or call.request_id != body.request_id:
         draft.reason = "not bound to a pending call of this thread"
         return STALE
     if any(a.approval_id == body.approval_id for a in draft.state.approvals):
@@ -276,7 +280,9 @@ def on_approval_decision(draft: Draft) -> str:
     if body.choice not in approval.choices:
         return rejected("invalid_choice")
     draft.replace(approvals=tuple(a for a in draft.state.approvals if a.approval_id != body.approval_id))
-    decision = {"approval_id": body.approval_id, "choice": body.choice, "decided_by": body.decided_by}
+    # The decider is the input's source, which a key ring checks against its key; the
+    # body's `decided_by` is only what the client says, so it is not what the tool is told.
+    decision = {"approval_id": body.approval_id, "choice": body.choice, "decided_by": draft.current.source}
     draft.dispatch(approval.call_id, approval.tool, json_text(decision), "approval_decision",
                    draft.stable_id("approval", body.approval_id))
     draft.emit("approval_decided", data=decision)

@@ -150,7 +150,7 @@ class KeyringVerifier:
             return verdict
         signer = self._ring.version_at(record.key_id, record.created_at) \
             if verdict.is_verified and record.key_id is not None else None
-        refusal = grant_verdict(record, signer)
+        refusal = grant_verdict(record, signer, self._ring)
         if refusal is not None:
             return refusal
         if bound is not None and bound[1] != _request_id(record):

@@ -42,7 +42,10 @@ Limits, and why each exists:
 - `MAX_SCHEMA_CHARS` = 131,072 characters per schema: a `CreateThread` is snapshotted
   into the thread's state (one record), and each schema is compiled in the fold thread;
   large generated tool schemas are tens of kilobytes.
-- `schemakeywords.MAX_STEPS` and `MAX_NESTING` bound the work of one validation.
+- `MAX_PATTERNS` = 256 regexes per schema (`pattern`, `patternProperties`): each is
+  compiled and cached; real tool schemas have a handful.
+- `schemakeywords.MAX_STEPS` and `MAX_NESTING` bound the work of one validation; a
+  keyword that searches every property name with every pattern is charged their product.
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ from torpor.schemas.schemakeywords import (
 MAX_DEPTH: Final = 64
 MAX_SCHEMA_DEPTH: Final = 32
 MAX_SCHEMA_CHARS: Final = 131_072
+MAX_PATTERNS: Final = 256
+"""Regexes per schema: each is compiled and kept (`schemakeywords.compiled_regex` holds
+1,024); real tool schemas have a handful."""
 MAX_REASON_CHARS: Final = 300
 """A violation's reason goes into the model's history: enough to fix the call, never the whole value."""
 
@@ -224,6 +230,7 @@ def _subschemas(schema: dict[str, object]) -> Iterator[object]:
 def _keyword_problems(root: object) -> Iterator[str]:
     """Regexes RE2 refuses and `$ref`s that are not local or do not resolve (iterative walk)."""
     stack: list[object] = [root]
+    count = 0
     while stack:
         schema = stack.pop()
         if not isinstance(schema, dict):
@@ -232,6 +239,10 @@ def _keyword_problems(root: object) -> Iterator[str]:
         patterns = [pattern] if isinstance(pattern, str) else []
         if isinstance(named, dict):
             patterns.extend(str(name) for name in named)
+        count += len(patterns)
+        if count > MAX_PATTERNS:
+            yield f"more than {MAX_PATTERNS} regular expressions"
+            return
         for pattern in patterns:
             problem = regex_problem(pattern)
             if problem is not None:

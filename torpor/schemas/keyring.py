@@ -14,6 +14,8 @@ The file is TOML (the format of Torpor's settings files)::
 
     [policy]                         # optional
     users_must_sign = false          # true: every user input needs a key (a gateway's)
+    public_tools = ["echo"]          # tool patterns a thread created without a key may
+                                     # hold (default none)
 
     [[keys]]
     id = "shell-2026-12"             # the key id inputs carry in `key_id`
@@ -76,7 +78,7 @@ _ENTRY_FIELDS: Final = frozenset(
     {"id", "algorithm", "public_key", "sources", "tools", "tenants", "scopes", "valid_from", "valid_until"}
 )
 _TOP_FIELDS: Final = frozenset({"format", "policy", "keys"})
-_POLICY_FIELDS: Final = frozenset({"users_must_sign"})
+_POLICY_FIELDS: Final = frozenset({"users_must_sign", "public_tools"})
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MILLISECOND: Final = dt.timedelta(milliseconds=1)
 
@@ -193,6 +195,8 @@ class KeyRing:
     entries: tuple[KeyVersion, ...] = ()
     users_must_sign: bool = False
     """`[policy] users_must_sign`: user inputs need a key too (else only `ApprovalDecision`)."""
+    public_tools: tuple[str, ...] = ()
+    """`[policy] public_tools`: tool patterns a thread created without a key may hold."""
     _by_id: Mapping[str, tuple[KeyVersion, ...]] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )
@@ -210,6 +214,10 @@ class KeyRing:
             by_id[version.key_id] = (*by_id.get(version.key_id, ()), version)
         # An index built once: a processor looks a key up for every signed input.
         object.__setattr__(self, "_by_id", by_id)
+
+    def is_public_tool(self, tool: str) -> bool:
+        """True if a pattern of `public_tools` matches `tool`."""
+        return _matches_any(self.public_tools, tool)
 
     def versions(self, key_id: str) -> tuple[KeyVersion, ...]:
         """Every version of `key_id`, in file order; empty if the ring does not know it."""
@@ -286,12 +294,16 @@ def parse_keyring(text: str, *, where: str = "<key ring>") -> KeyRing:
     users_must_sign = policy.get("users_must_sign", False)
     if not isinstance(users_must_sign, bool):
         raise ConfigError(f"key ring {where}: [policy] users_must_sign must be true or false")
+    public_tools = _patterns(policy, "public_tools", f"key ring {where}: [policy]", default=())
+    for pattern in public_tools:
+        if not is_valid_pattern(pattern):
+            raise ConfigError(f"key ring {where}: [policy] public_tools pattern {pattern!r} is invalid")
     tables = document.get("keys", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"key ring {where}: 'keys' must be an array of tables ([[keys]])")
     entries = tuple(_entry(table, f"key ring {where}: keys[{i}]") for i, table in enumerate(tables))
     try:
-        return KeyRing(entries, users_must_sign=users_must_sign)
+        return KeyRing(entries, users_must_sign=users_must_sign, public_tools=public_tools)
     except ConfigError as exc:
         raise ConfigError(f"key ring {where}: {exc}") from None
 
@@ -400,6 +412,7 @@ def entry_toml(version: KeyVersion) -> str:
 def keyring_toml(ring: KeyRing) -> str:
     """The whole ring in the file format (a header, then one table per entry)."""
     header = f"# Torpor key ring: public keys and what each may sign.\nformat = {FORMAT}\n"
-    if ring.users_must_sign:
-        header += "\n[policy]\nusers_must_sign = true\n"
+    if ring.users_must_sign or ring.public_tools:
+        header += (f"\n[policy]\nusers_must_sign = {'true' if ring.users_must_sign else 'false'}\n"
+                   f"public_tools = {_toml_array(ring.public_tools)}\n")
     return header + "".join("\n" + entry_toml(v) for v in ring.entries)

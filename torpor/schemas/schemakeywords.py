@@ -135,6 +135,17 @@ def _counted(keyword: Keyword) -> Keyword:
     return counted
 
 
+def _charge(searches: int) -> None:
+    """Count `searches` regex searches against the budget, one step each: a keyword that
+    matches every property name against every pattern costs their product, not one step."""
+    meter = _METER.get()
+    if meter is None:
+        return
+    meter.steps += searches
+    if meter.steps > MAX_STEPS:
+        raise ValidationBudgetExceeded(f"validation needs more than {MAX_STEPS} steps")
+
+
 # --- keywords rewritten for RE2 and linear time ----------------------------------------
 
 
@@ -148,6 +159,7 @@ def _pattern_properties(validator: _Validator, patterns: object, instance: objec
                         schema: dict[str, object]) -> Iterator[ValidationError]:
     if not isinstance(instance, dict) or not isinstance(patterns, dict):
         return
+    _charge(len(patterns) * len(instance))
     for pattern, subschema in patterns.items():
         for name, value in instance.items():
             if _search(pattern, name):
@@ -162,6 +174,7 @@ def _additional_properties(validator: _Validator, extra: object, instance: objec
     known = known if isinstance(known, dict) else {}
     declared = schema.get("patternProperties")
     patterns = tuple(declared) if isinstance(declared, dict) else ()
+    _charge(len(patterns) * len(instance))
     extras = [name for name in instance
               if name not in known and not any(_search(p, name) for p in patterns)]
     if isinstance(extra, dict):
