@@ -11,72 +11,32 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.processors.authority_rig import KEYS, RING, Rig
 from tests.processors.fold_scenarios import call, completion, config, control, create, result, user
 from torpor.processors import fold as fold_module
 from torpor.processors import step as step_module
 from torpor.processors.authority import AUTHORITY, PUBLIC_TENANT
 from torpor.processors.state import ThreadState
-from torpor.processors.step import StepOutput, StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state, read_entries
-from torpor.processors.verify import KeyringVerifier
+from torpor.processors.step import StepRecord
 from torpor.schemas import signing
-from torpor.schemas.keyring import KeyRing, KeyVersion
 from torpor.schemas.records import (
     ApprovalDecision,
     ApprovalRequest,
     Capability,
     ChildReport,
-    Dispatch,
-    Input,
     InputBody,
     ParentLink,
     ParentMessage,
-    Receipt,
     TextBlock,
     TimerFired,
     ToolEvent,
 )
 from torpor.streams.partitioner import partition_for
-
-
-def _key(seed: int) -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.from_private_bytes(bytes((seed + i) % 256 for i in range(32)))
-
-
-def _raw(key: Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-KEYS = {
-    "operator-1": _key(1),
-    "tools-1": _key(2),
-    "timer-1": _key(3),
-    "proc-1": _key(4),
-    "gateway-acme": _key(5),
-    "gateway-globex": _key(6),
-}
-RING = KeyRing((
-    KeyVersion("operator-1", _raw(KEYS["operator-1"]), sources=("operator:*",), scopes=("*",)),
-    KeyVersion("tools-1", _raw(KEYS["tools-1"]), sources=("connector:tools",), tools=("search", "fetch")),
-    KeyVersion("timer-1", _raw(KEYS["timer-1"]), sources=("timer",), tools=("timer",)),
-    KeyVersion("proc-1", _raw(KEYS["proc-1"]), sources=("processor",)),
-    KeyVersion("gateway-acme", _raw(KEYS["gateway-acme"]), sources=("user:*",), tenants=("acme",),
-               scopes=("read",)),
-    KeyVersion("gateway-globex", _raw(KEYS["gateway-globex"]), sources=("user:*",), tenants=("globex",),
-               scopes=("*",)),
-))
-# Which key signs honestly for each source.
-HONEST = {"operator:ops": "operator-1", "connector:tools": "tools-1", "timer": "timer-1",
-          "processor": "proc-1", "user:alice": "gateway-acme"}
 
 # The issue's table, written out: who may produce each body.
 ALLOWED: dict[str, set[str]] = {
@@ -96,49 +56,6 @@ ALLOWED: dict[str, set[str]] = {
 
 def _role(source: str) -> str:
     return source.split(":", 1)[0]
-
-
-@dataclass
-class Rig:
-    """One partition's store, folded by `step` under the key ring, as the processor does."""
-
-    store: MemoryStore = field(default_factory=MemoryStore)
-    ring: KeyRing = RING
-    clock: int = 1_000_000
-    counter: int = 0
-    receipts: list[Receipt] = field(default_factory=list)
-    dispatches: list[Dispatch] = field(default_factory=list)
-
-    def envelope(self, body: InputBody, source: str, thread: str = "t",
-                 message_id: str | None = None) -> Input:
-        self.counter += 1
-        self.clock += 1000
-        return Input(message_id=f"m{self.counter}" if message_id is None else message_id, thread_id=thread,
-                     created_at=self.clock,
-                     source=source, expires_at=None, key_id=None, signature=None, body=body)
-
-    def fold(self, *records: StepRecord, partitions: int | None = None) -> StepOutput:
-        out = step(self.store, list(records), verifier=KeyringVerifier(self.ring), partitions=partitions)
-        self.receipts.extend(out.receipts)
-        self.dispatches.extend(out.dispatches)
-        return out
-
-    def send(self, body: InputBody, source: str, key_id: str | None = "honest", thread: str = "t",
-             message_id: str | None = None) -> Receipt:
-        """Fold one input from `source`, signed by `key_id` ("honest": the source's own key)."""
-        record = self.envelope(body, source, thread, message_id)
-        chosen = HONEST.get(source) if key_id == "honest" else key_id
-        if chosen is not None:
-            record = signing.sign(record, chosen, KEYS[chosen])
-        out = self.fold(StepRecord(record))
-        assert len(out.receipts) == 1
-        return out.receipts[0]
-
-    def state(self, thread: str = "t") -> ThreadState | None:
-        return load_state(self.store, thread)
-
-    def history(self, thread: str = "t") -> list[object]:
-        return [e.body for e in read_entries(self.store, thread)]
 
 
 def _created(rig: Rig) -> None:

@@ -14,25 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.processors.authority_rig import KEYS, RING, ROTATED_AT, Rig
 from tests.processors.fold_scenarios import SEARCH, WATCH, call, completion, config, create, result, user
 from torpor.connectors.capability import check
 from torpor.processors import keys
 from torpor.processors.authority import PUBLIC_TENANT
-from torpor.processors.state import ThreadState
-from torpor.processors.step import StepOutput, StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state, read_entries
-from torpor.processors.verify import KeyringVerifier
+from torpor.processors.step import StepRecord
 from torpor.schemas import signing
 from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import derive_id
-from torpor.schemas.keyring import KeyRing, KeyVersion
+from torpor.schemas.keyring import KeyRing
 from torpor.schemas.records import (
     ApprovalDecision,
     ApprovalRequest,
@@ -42,10 +36,8 @@ from torpor.schemas.records import (
     Dispatch,
     EventEntry,
     HistoryEntry,
-    Input,
     InputBody,
     ParentLink,
-    Receipt,
     SummaryEntry,
     TextBlock,
     ThreadConfig,
@@ -53,43 +45,6 @@ from torpor.schemas.records import (
     ToolEvent,
     ToolResultEntry,
 )
-
-
-def _key(seed: int) -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.from_private_bytes(bytes((seed * 7 + i) % 256 for i in range(32)))
-
-
-def _raw(key: Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-ROTATED_AT = 5_000_000  # gw-old's valid_until, gw-new's valid_from
-
-KEYS = {
-    "operator-1": _key(1),
-    "tools-1": _key(2),  # connector:tools, for search and fetch only
-    "timer-1": _key(3),
-    "proc-1": _key(4),
-    "gateway-acme": _key(5),
-    "shell-1": _key(6),  # connector:shell as `torpor keys new` makes it: tools default to any
-    "gw-old": _key(7),  # acme's previous gateway key, rotated out at ROTATED_AT
-    "gw-new": _key(8),
-}
-RING = KeyRing((
-    KeyVersion("operator-1", _raw(KEYS["operator-1"]), sources=("operator:*",), scopes=("*",)),
-    KeyVersion("tools-1", _raw(KEYS["tools-1"]), sources=("connector:tools",), tools=("search", "fetch")),
-    KeyVersion("timer-1", _raw(KEYS["timer-1"]), sources=("timer",), tools=("timer",)),
-    KeyVersion("proc-1", _raw(KEYS["proc-1"]), sources=("processor",)),
-    KeyVersion("gateway-acme", _raw(KEYS["gateway-acme"]), sources=("user:*",), tenants=("acme",),
-               scopes=("read",)),
-    KeyVersion("shell-1", _raw(KEYS["shell-1"]), sources=("connector:shell",)),
-    KeyVersion("gw-old", _raw(KEYS["gw-old"]), sources=("user:*",), tenants=("acme",), scopes=("read",),
-               valid_until=ROTATED_AT),
-    KeyVersion("gw-new", _raw(KEYS["gw-new"]), sources=("user:*",), tenants=("acme",), scopes=("read",),
-               valid_from=ROTATED_AT),
-))
-HONEST = {"operator:ops": "operator-1", "connector:tools": "tools-1", "timer": "timer-1",
-          "processor": "proc-1", "user:alice": "gateway-acme", "connector:shell": "shell-1"}
 
 LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default; producer_config does not raise it
 MAX_INPUT_BYTES = 1_048_576  # TORPOR_MAX_INPUT_BYTES' default: anything up to it is folded
@@ -105,65 +60,6 @@ OPEN_F5 = pytest.mark.xfail(strict=True, reason=(
 OPEN_F8 = pytest.mark.xfail(strict=True, reason=(
     "open (F8): one input may make a record larger than the producer takes (message.max.bytes), "
     "and held inputs grow one state row without bound"))
-
-
-@dataclass
-class Rig:
-    store: MemoryStore = field(default_factory=MemoryStore)
-    ring: KeyRing = RING
-    clock: int = 1_000_000
-    counter: int = 0
-    receipts: list[Receipt] = field(default_factory=list)
-    dispatches: list[Dispatch] = field(default_factory=list)
-    loopbacks: list[Input] = field(default_factory=list)
-    inputs: list[Input] = field(default_factory=list)
-
-    def envelope(self, body: InputBody, source: str, thread: str = "t", message_id: str | None = None,
-                 created_at: int | None = None) -> Input:
-        self.counter += 1
-        self.clock += 1000
-        return Input(message_id=f"m{self.counter}" if message_id is None else message_id, thread_id=thread,
-                     created_at=self.clock if created_at is None else created_at, source=source,
-                     expires_at=None, key_id=None, signature=None, body=body)
-
-    def fold(self, record: Input) -> StepOutput:
-        self.inputs.append(record)
-        out = step(self.store, [StepRecord(record)], verifier=KeyringVerifier(self.ring))
-        self.receipts.extend(out.receipts)
-        self.dispatches.extend(out.dispatches)
-        self.loopbacks.extend(out.loopbacks)
-        return out
-
-    def send(self, body: InputBody, source: str, key_id: str | None = "honest", thread: str = "t",
-             message_id: str | None = None, created_at: int | None = None) -> Receipt:
-        record = self.envelope(body, source, thread, message_id, created_at)
-        chosen = HONEST.get(source) if key_id == "honest" else key_id
-        if chosen is not None:
-            record = signing.sign(record, chosen, KEYS[chosen])
-        out = self.fold(record)
-        assert len(out.receipts) == 1
-        return out.receipts[0]
-
-    def deliver_loopbacks(self) -> list[Receipt]:
-        """Fold the processor's loopbacks, signed with its key, as the processor would."""
-        pending, self.loopbacks = self.loopbacks, []
-        receipts = []
-        for loopback in pending:
-            out = self.fold(signing.sign(loopback, "proc-1", KEYS["proc-1"]))
-            receipts.extend(out.receipts)
-        return receipts
-
-    def complete(self, reply: str = "", calls: tuple = (), thread: str = "t") -> Receipt:
-        state = self.state(thread)
-        assert state is not None and state.pending_request is not None
-        return self.send(completion(state.pending_request, reply, calls), "processor", thread=thread,
-                         message_id=state.pending_request)
-
-    def state(self, thread: str = "t") -> ThreadState | None:
-        return load_state(self.store, thread)
-
-    def history(self, thread: str = "t") -> list[object]:
-        return [e.body for e in read_entries(self.store, thread)]
 
 
 def _public(tools: tuple = (SEARCH, WATCH), granted: tuple[str, ...] = (), max_turns: int | None = None,
@@ -242,7 +138,7 @@ def test_f3_a_child_inheriting_many_summaries_is_folded_in_linear_time() -> None
     rig = Rig()
     record = signing.sign(rig.envelope(CreateThread(config=child, inherited=entries, initial=()), "processor",
                                        thread="c"), "proc-1", KEYS["proc-1"])
-    [receipt] = rig.fold(record).receipts
+    [receipt] = rig.fold(StepRecord(record)).receipts
     assert receipt.disposition == "applied"
     state = rig.state("c")
     assert state is not None and state.history_len == n
@@ -326,7 +222,7 @@ def test_f5_replay_after_a_rotation_judges_inputs_as_the_live_run_did() -> None:
                             if v.key_id == "gateway-acme" else v for v in RING.entries))
     replay = Rig(ring=rotated)
     for record in live.inputs:
-        replay.fold(record)
+        replay.fold(StepRecord(record))
     assert [r.disposition for r in replay.receipts] == [r.disposition for r in live.receipts]
     assert replay.history() == live.history()
 
@@ -388,7 +284,7 @@ def test_f8_one_input_under_the_size_bound_makes_no_record_over_the_producers_li
     rig.complete("hi")
     record = rig.envelope(user("A" * 1_040_000), "user:anyone")
     assert len(encode_value(record)) < MAX_INPUT_BYTES
-    out = rig.fold(record)
+    out = rig.fold(StepRecord(record))
     largest = max(len(value) for _, value in out.changes if value is not None)
     assert largest <= LIBRDKAFKA_MESSAGE_MAX_BYTES, f"a changelog record of {largest} bytes"
 
