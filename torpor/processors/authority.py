@@ -47,7 +47,7 @@ from enum import Enum
 from typing import Final
 
 from torpor.processors.state import ThreadState
-from torpor.schemas.keyring import KeyRing, KeyVersion
+from torpor.schemas.keyring import KeyRing
 from torpor.schemas.records import (
     FORGED,
     UNSIGNED,
@@ -165,18 +165,21 @@ def authority_verdict(record: Input, state: ThreadState | None, ring: KeyRing) -
     return None
 
 
-def grant_verdict(record: Input, version: KeyVersion | None, ring: KeyRing) -> Verdict | None:
+def grant_verdict(record: Input, verified: bool, ring: KeyRing) -> Verdict | None:
     """A refusal if a root `CreateThread` claims more than its signer's key grants, else None.
 
-    `version` is the key version that verified the signature, or None for an accepted
-    unsigned input, which is granted `PUBLIC_TENANT`, no scopes and the ring's public
-    tools. `forged` with `tenant_not_granted`, `tool_not_granted` or `scope_not_granted`
-    otherwise.
+    `verified`: its signature checked out, so the ring's version of its key at its time
+    grants; else it is an accepted unsigned input, granted `PUBLIC_TENANT`, no scopes and
+    the ring's public tools. `forged` with `tenant_not_granted`, `tool_not_granted` or
+    `scope_not_granted` otherwise.
     """
     body = record.body
     if not isinstance(body, CreateThread) or body.config.parent is not None:
         return None
     capability = body.config.capability
+    # Looked up here, not by the caller: only a root thread's creation needs it.
+    version = ring.version_at(record.key_id, record.created_at) \
+        if verified and record.key_id is not None else None
     if version is None:
         if capability.tenant != PUBLIC_TENANT:
             return Verdict(FORGED, TENANT_NOT_GRANTED, record.key_id)

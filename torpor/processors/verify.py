@@ -148,9 +148,7 @@ class KeyringVerifier:
         refused = verdict.provenance not in (VERIFIED, UNSIGNED)
         if refused or verdict.reason == signing.MISSING_SIGNATURE:
             return verdict
-        signer = self._ring.version_at(record.key_id, record.created_at) \
-            if verdict.is_verified and record.key_id is not None else None
-        refusal = grant_verdict(record, signer, self._ring)
+        refusal = grant_verdict(record, verdict.is_verified, self._ring)
         if refusal is not None:
             return refusal
         if bound is not None and bound[1] != _request_id(record):
