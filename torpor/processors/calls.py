@@ -21,7 +21,7 @@ from typing import Final
 from torpor.processors import builtins as b
 from torpor.processors.children import CHILD, child_config, is_root
 from torpor.processors.draft import Draft, json_text, text
-from torpor.processors.state import CallKind, ChildRef, PendingCall
+from torpor.processors.state import CallKind, ChildRef, PendingCall, with_answered
 from torpor.schemas.errors import InvalidSchemaError, JsonTextError, SchemaViolation
 from torpor.schemas.jsontext import compile_schema, parse_json
 from torpor.schemas.records import (
@@ -78,7 +78,7 @@ def refusal(draft: Draft, call: ToolCall) -> str | None:
 def answer(draft: Draft, call: ToolCall, content: str, ok: bool = True, origin: str = "builtin") -> None:
     entry = draft.append(ToolResultEntry(call_id=call.call_id, name=call.name, ok=ok,
                                          content=text(content), origin=origin))
-    draft.replace(answered_calls=(*draft.state.answered_calls, call.call_id))
+    draft.replace(answered_calls=with_answered(draft.state.answered_calls, call.call_id))
     draft.emit("tool_result", entry)
 
 

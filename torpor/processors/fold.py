@@ -190,6 +190,13 @@ def refuse_at_door(input: Input, disposition: str, reason: str) -> Receipt:
     return build_receipt(input, Facts(provenance=UNCHECKED), disposition, reason, None, None)
 
 
+def refuse_whole(state: ThreadState | None, input: Input, facts: Facts, disposition: str,
+                 reason: str) -> Receipt:
+    """The receipt of an input the shell refused after folding it (`step`: its records would
+    be too large for Kafka): judged like any input, its state unchanged, nothing remembered."""
+    return build_receipt(input, facts, disposition, reason, state, state)
+
+
 def _run_row(draft: Draft) -> str:
     handler = TRANSITIONS.get((draft.state.status, type(draft.current.body)), on_unexpected)
     return handler(draft)

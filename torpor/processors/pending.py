@@ -20,6 +20,7 @@ from torpor.processors.state import (
     Compaction,
     PendingCall,
     ThreadState,
+    with_answered,
 )
 from torpor.schemas.errors import JsonTextError
 from torpor.schemas.jsontext import parse_json
@@ -66,9 +67,10 @@ def end_call(draft: Draft, call: PendingCall, body: ToolResultEntry, answered: b
     """Give pending `call` its one result. `answered`: a real result (a copy is a duplicate,
     not stale). `cancel`: tell the connector (or the timer) to stop working on it."""
     state = draft.state
+    remembered = with_answered(state.answered_calls, call.call_id) if answered else state.answered_calls
     draft.replace(pending_calls=tuple(c for c in state.pending_calls if c.call_id != call.call_id),
                   approvals=tuple(a for a in state.approvals if a.call_id != call.call_id),
-                  answered_calls=(*state.answered_calls, call.call_id) if answered else state.answered_calls,
+                  answered_calls=remembered,
                   owes_turn=True)
     if any(a.call_id == call.call_id for a in state.approvals):
         draft.emit("approval_dismissed", data={"call_id": call.call_id})

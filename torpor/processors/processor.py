@@ -5,7 +5,8 @@ processor instance: one consumer and one transactional producer (`<app>-<instanc
 in `streams.loop.CheckpointLoop`, which gives each owned `inputs` partition a
 `ThreadTask`. Per checkpoint, a `ThreadTask`
 
-1. decodes each input (an undecodable one, or one larger than `[inputs] max_bytes`, is
+1. decodes each input (an undecodable one, or one larger than `[inputs] max_bytes`, see
+   `step.size_problem`, is
    parked with a `parked` receipt and the partition goes on: `OutputWriter.poison_records`);
 2. folds the decoded ones with `step` into the checkpoint's `Overlay` over the
    partition's `RocksStore`, and returns the step's records (`OutputWriter`) and store
@@ -44,7 +45,7 @@ from torpor.processors.local import now_ms, tune_collector
 from torpor.processors.model import ModelProvider
 from torpor.processors.outputs import OutputWriter
 from torpor.processors.stage import ModelStage, StageConfig
-from torpor.processors.step import StepRecord, step
+from torpor.processors.step import StepRecord, size_problem, step
 from torpor.processors.store import Overlay, RocksStore, StoreOffsets
 from torpor.processors.tables import HistoryCache
 from torpor.processors.verify import Verifier, processor_signer, verifier_for
@@ -213,24 +214,27 @@ class ThreadTask:
 
         limit = self._processor.max_input_bytes
         for record in records:
-            if record.value is not None and len(record.value) > limit:
-                # Never decoded: a huge input would cost its size in memory at every
-                # replay, and in every completion request that carried it.
-                park(record, DecodeError(
-                    f"oversized: {len(record.value)} bytes, more than the {limit} of "
-                    "TORPOR_MAX_INPUT_BYTES", topic=topic, partition=record.partition,
-                    offset=record.offset), "oversized")
-                continue
+            size = len(record.value or b"")
+            # Before decoding, and after (the processor's own inputs may pass a lower limit).
+            problem = size_problem(size, limit, None)
             try:
-                if record.value is None:
-                    raise DecodeError("a null value is not an Input", topic=topic,
-                                      partition=record.partition, offset=record.offset)
-                decoded = codec.decode(topic, record.value, Input, partition=record.partition,
-                                       offset=record.offset)
+                if problem is None:
+                    if record.value is None:
+                        raise DecodeError("a null value is not an Input", topic=topic,
+                                          partition=record.partition, offset=record.offset)
+                    decoded = codec.decode(topic, record.value, Input, partition=record.partition,
+                                           offset=record.offset)
+                    problem = size_problem(size, limit, decoded.source)
             except DecodeError as error:
                 park(record, error, "undecodable")
                 continue
-            run.append(StepRecord(decoded, record.partition, record.offset, record.key))
+            if problem is not None:
+                # A huge input would cost its size in memory at every replay, and in every
+                # completion request that carried it.
+                park(record, DecodeError(problem, topic=topic, partition=record.partition,
+                                         offset=record.offset), "oversized")
+                continue
+            run.append(StepRecord(decoded, record.partition, record.offset, record.key, record.value))
         fold_run()
         return TaskOutput(tuple(out), tuple(changes))
 

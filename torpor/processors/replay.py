@@ -41,7 +41,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from torpor.processors import keys
 from torpor.processors.history import advance
 from torpor.processors.state import GENESIS_HEAD
-from torpor.processors.step import StepRecord, step
+from torpor.processors.step import StepRecord, size_problem, step
 from torpor.processors.store import MemoryStore, RocksStore, Store, StoreOffsets
 from torpor.processors.tables import load_state, read_entries
 from torpor.processors.verify import Verifier
@@ -204,7 +204,7 @@ class Replayer:
             self.counts.parked += 1
             return
         run = self._pending.setdefault(record.partition, [])
-        run.append(StepRecord(decoded, record.partition, record.offset, record.key))
+        run.append(StepRecord(decoded, record.partition, record.offset, record.key, record.value))
         if len(run) >= STEP_BATCH:
             self._fold(record.partition)
 
@@ -217,13 +217,14 @@ class Replayer:
     def _decode(self, record: LogRecord) -> Input | None:
         # The same tests, in the same order, as ThreadTask.process: a record the processor
         # parked unfolded must not be folded here either.
-        if record.value is None or len(record.value) > self._max_bytes:
+        if record.value is None or size_problem(len(record.value), self._max_bytes, None) is not None:
             return None
         try:
-            return self._codec.decode(self._topic, record.value, Input, partition=record.partition,
-                                      offset=record.offset)
+            decoded = self._codec.decode(self._topic, record.value, Input, partition=record.partition,
+                                         offset=record.offset)
         except DecodeError:
             return None
+        return None if size_problem(len(record.value), self._max_bytes, decoded.source) else decoded
 
     def _fold(self, partition: int) -> None:
         run = self._pending.pop(partition, [])

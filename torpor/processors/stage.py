@@ -47,18 +47,24 @@ from torpor.processors.model import (
     Finished,
     ModelError,
     ModelProvider,
+    PermanentModelError,
     TextDelta,
     TransientModelError,
 )
 from torpor.processors.state import Status
 from torpor.processors.store import Store
 from torpor.processors.tables import HistoryCache, awaiting_requests, load_state
+from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, Usage
+from torpor.streams.config import MAX_INPUT_BYTES_CEILING
 
 log = logging.getLogger(__name__)
 
 SOURCE: Final = "processor"
+# A completion is the processor's own input, bounded below the ceiling: room is left for
+# the report or summary a child wraps its answer in (`step` refuses a larger loopback).
+COMPLETION_MAX_BYTES: Final = MAX_INPUT_BYTES_CEILING - 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +223,12 @@ class ModelStage:
                 last = ModelError(f"{type(exc).__name__}: {exc}")
                 log.exception("provider raised an unexpected error", extra={"thread_id": request.thread_id})
                 break
-            return self._completion(request, finished, None)
+            completion = self._completion(request, finished, None)
+            problem = _size_problem(finished, completion)
+            if problem is None:
+                return completion
+            last = PermanentModelError(problem)  # retrying would make the same answer
+            break
         assert last is not None
         error = CompletionError(kind=last.kind, message=str(last), attempts=attempt)
         return self._completion(request, None, error)
@@ -303,6 +314,20 @@ class ModelStage:
             signature=None,
             body=body,
         )
+
+
+def _size_problem(finished: Finished, completion: Input) -> str | None:
+    """Why `completion` is too large to send, or None. Encoded only when a cheap upper bound
+    (4 bytes a character) does not already show it fits."""
+    chars = sum(len(b.text) + len(getattr(b, "signature", None) or "") for b in finished.content)
+    chars += sum(len(c.call_id) + len(c.name) + len(c.arguments) for c in finished.tool_calls)
+    if 4 * chars + 4_096 <= COMPLETION_MAX_BYTES:
+        return None
+    size = len(encode_value(completion))
+    if size <= COMPLETION_MAX_BYTES:
+        return None
+    return (f"the model's answer is {size} bytes, more than the {COMPLETION_MAX_BYTES} one input may "
+            "carry: ask for a shorter answer")
 
 
 class _Deltas:

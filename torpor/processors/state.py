@@ -150,6 +150,17 @@ class ThreadState:
     terminal_reported: bool
 
 
+ANSWERED_KEPT: Final = 256
+"""How many answered call ids a thread remembers (the newest): a later copy of a result
+for one of them is a `duplicate`, for an older one `stale`. Both are absorbed; only the
+label differs, and the state row stays bounded however long the thread lives."""
+
+
+def with_answered(answered: tuple[str, ...], call_id: str) -> tuple[str, ...]:
+    """`answered` with `call_id` added, the oldest dropped past `ANSWERED_KEPT`."""
+    return (*answered[-(ANSWERED_KEPT - 1):], call_id)
+
+
 @dataclass(frozen=True, slots=True)
 class Facts:
     """What the shell looked up before folding an input.

@@ -32,6 +32,14 @@ never a silent loss. If parking fails too, the input gets a bare `parked` receip
 built without the thread's state (and still goes to `parked`): `step` never raises
 because of one input, so no input can stop a partition or its processor.
 
+Size. No input may make a record Kafka refuses (that would fail the checkpoint and stop
+the partition). An input whose fold would write a row over `ROW_MAX_BYTES`, grow a
+thread holding inputs past `STATE_HOLD_MAX_BYTES`, or send an input over
+`MAX_INPUT_BYTES_CEILING` is refused whole: its writes are dropped and its one receipt is
+`rejected:too_large` with the record it would have made. A child's inherited history is
+cut to its most recent entries that fit one input (`_creation`). The bounds are
+constants, not settings, so a replay refuses exactly what the live run refused.
+
 Provenance: `Verifier.verify(input, state)` (`torpor.processors.verify`) gives the
 verdict the fold sees, judged against the state loaded in 1. `SourceVerifier`, the
 default, is development mode: nothing is checked. The processor runs `KeyringVerifier`
@@ -41,6 +49,7 @@ when a key ring is configured.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,17 +66,21 @@ from torpor.processors.effects import (
     RequestCompletion,
     SpawnChild,
 )
-from torpor.processors.fold import fold, park_on_failure, refuse_at_door
+from torpor.processors.fold import fold, park_on_failure, refuse_at_door, refuse_whole
 from torpor.processors.state import Facts, Status, ThreadState, Transition
 from torpor.processors.statecodec import encode_entry, encode_request, encode_state
 from torpor.processors.store import Change, Overlay, Store
 from torpor.processors.tables import is_seen, load_state, visible_entries
-from torpor.processors.verify import SourceVerifier, Verifier
+from torpor.processors.verify import PROCESSOR_SOURCE, SourceVerifier, Verifier
+from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
+    APPLIED,
+    DEFERRED,
     PARKED,
     CreateThread,
     Dispatch,
+    HistoryEntry,
     Input,
     Receipt,
     SummaryEntry,
@@ -75,9 +88,16 @@ from torpor.schemas.records import (
     ThreadEvent,
     rejected,
 )
+from torpor.streams.config import MAX_INPUT_BYTES_CEILING, ROW_MAX_BYTES, STATE_HOLD_MAX_BYTES
 from torpor.streams.partitioner import partition_for
 
 log = logging.getLogger(__name__)
+
+TOO_LARGE: Final = rejected("too_large")
+# Room in a child's CreateThread for its config, initial input and envelope, and per
+# inherited entry for what its encoding in a CreateThread adds to its row.
+CREATION_MARGIN: Final = 16_384
+ENTRY_MARGIN: Final = 16
 
 MAX_ATTEMPTS: Final = 3
 """Tries per input before its thread is parked: a pure fold that raised once will raise
@@ -89,13 +109,15 @@ class StepRecord:
     """One input to fold, with where it was read from (filled into its receipt).
 
     `key`: the Kafka record's key, None where there is none (local mode); then only the
-    ids are checked at the door.
+    ids are checked at the door. `value`: the record's bytes, digested for the seen row.
     """
 
     input: Input
     partition: int | None = None
     offset: int | None = None
     key: bytes | None = None
+    # The record's value as read (None: local mode), for `input_digest`.
+    value: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +222,27 @@ def door_problem(record: StepRecord, partitions: int | None) -> tuple[str, str] 
     return None
 
 
+def input_digest(record: StepRecord) -> bytes:
+    """What identifies this very input in its seen row: 16 bytes of SHA-256 over the record's
+    bytes as read (its encoding, where there are none), signature and all."""
+    value = record.value if record.value is not None else encode_value(record.input)
+    return hashlib.sha256(value).digest()[:16]
+
+
+def size_problem(size: int, limit: int, source: str | None) -> str | None:
+    """Why an encoded input of `size` bytes is parked unfolded, or None; the processor and
+    a replay ask the same. `limit` is `TORPOR_MAX_INPUT_BYTES`. Call it before decoding
+    (`source` None: only the ceiling applies, so a huge record is never decoded) and
+    after: the processor's own inputs (completions, loopbacks) may pass a lower `limit`,
+    as they are bounded at the ceiling by construction (`_size_problem`); a forged one is
+    refused by the verifier, not here."""
+    if size > MAX_INPUT_BYTES_CEILING:
+        return f"oversized: {size} bytes, more than the {MAX_INPUT_BYTES_CEILING} any input may have"
+    if source is not None and source != PROCESSOR_SOURCE and size > limit:
+        return f"oversized: {size} bytes, more than the {limit} of TORPOR_MAX_INPUT_BYTES"
+    return None
+
+
 def _shown(value: str | bytes) -> str:
     """`value` for a receipt or a log line: escaped (a newline cannot forge a line), cut at 80."""
     text = repr(value)
@@ -231,6 +274,11 @@ def _fold_one(
         "message_id": item.message_id,
     }
     error = "unknown"
+    try:
+        digest = input_digest(record)
+    except Exception as exc:  # local mode hands over objects: one that cannot be encoded is parked
+        _refuse(record, PARKED, f"the input cannot be encoded: {type(exc).__name__}: {exc}", out)
+        return
     for attempt in range(max_attempts):
         scratch = Overlay(batch)  # this input's writes, dropped if anything below raises
         mark = _Collected()
@@ -238,18 +286,25 @@ def _fold_one(
             state = load_state(scratch, item.thread_id)
             verdict = judge.verify(item, state)
             facts = Facts(
-                seen=is_seen(scratch, item.thread_id, item.message_id),
+                seen=is_seen(scratch, item.thread_id, item.message_id, digest),
                 provenance=verdict.provenance,
                 provenance_reason=verdict.reason,
                 attempt=attempt,
                 default_config=default_config,
             )
             transition = fold(state, item, facts)
-            _interpret(scratch, record, state, transition, mark)
+            _interpret(scratch, record, digest, state, transition, mark)
+            too_large = _size_problem(scratch, item.thread_id, mark)
         except Exception as exc:  # any bug in the fold or the shell: bounded, then parked
             error = f"{type(exc).__name__}: {exc}"
             log.warning("fold failed (attempt %d of %d): %s", attempt + 1, max_attempts, error, extra=where)
             continue
+        if too_large is not None:  # its writes are dropped with `scratch`
+            receipt = refuse_whole(state, item, facts, TOO_LARGE, too_large)
+            out.receipts.append(dataclasses.replace(receipt, input_partition=record.partition,
+                                                    input_offset=record.offset))
+            log.warning("input refused: %s", too_large, extra={**where, "disposition": TOO_LARGE})
+            return
         scratch.commit()
         _merge(out, mark)
         log.debug("folded", extra={**where, "disposition": mark.receipts[-1].disposition})
@@ -261,7 +316,7 @@ def _fold_one(
     try:
         state = load_state(scratch, item.thread_id)
         transition = park_on_failure(state, item, error, max_attempts)
-        _interpret(scratch, record, state, transition, mark)
+        _interpret(scratch, record, digest, state, transition, mark)
     except Exception as exc:  # not even parking works: a receipt without the state, and go on
         log.error("parking the thread failed too: %s: %s", type(exc).__name__, exc,
                   extra={**where, "disposition": PARKED})
@@ -275,6 +330,24 @@ def _fold_one(
     )
 
 
+def _size_problem(rows: Overlay, thread_id: str, out: _Collected) -> str | None:
+    """Why this input's writes and records are too large for Kafka (module docstring), or None."""
+    for _, value in rows.changes():
+        if value is not None and len(value) > ROW_MAX_BYTES:
+            return f"folding it would write a row of {len(value)} bytes, more than {ROW_MAX_BYTES}"
+    if out.receipts and out.receipts[-1].disposition in (DEFERRED, PARKED):
+        state = rows.get(keys.state_key(thread_id))
+        if state is not None and len(state) > STATE_HOLD_MAX_BYTES:
+            return (f"the thread holds too many inputs already: holding this one makes its state "
+                    f"{len(state)} bytes, more than {STATE_HOLD_MAX_BYTES}; send it when the thread runs")
+    for loopback in out.loopbacks:
+        size = len(encode_value(loopback))
+        if size > MAX_INPUT_BYTES_CEILING:
+            return (f"folding it would send thread {loopback.thread_id!r} an input of {size} bytes, "
+                    f"more than {MAX_INPUT_BYTES_CEILING}")
+    return None
+
+
 def _merge(out: _Collected, mark: _Collected) -> None:
     out.dispatches.extend(mark.dispatches)
     out.loopbacks.extend(mark.loopbacks)
@@ -284,7 +357,8 @@ def _merge(out: _Collected, mark: _Collected) -> None:
 
 
 def _interpret(
-    rows: Overlay, record: StepRecord, before: ThreadState | None, transition: Transition, out: _Collected
+    rows: Overlay, record: StepRecord, digest: bytes, before: ThreadState | None, transition: Transition,
+    out: _Collected,
 ) -> None:
     """Turn one transition into writes on `rows` and records in `out`."""
     thread_id = record.input.thread_id
@@ -293,6 +367,7 @@ def _interpret(
         for key, _ in list(rows.iterate(keys.thread_prefix(thread_id))):
             rows.delete(key)
     requested: RequestCompletion | None = None
+    remember: bytes | None = None
     for effect in transition.effects:
         match effect:
             case AppendHistory(entry=entry):
@@ -300,7 +375,7 @@ def _interpret(
                 if isinstance(entry.body, SummaryEntry):
                     rows.put(keys.summary_key(thread_id), keys.encode_seq(entry.seq))
             case RememberInput(message_id=message_id):
-                rows.put(keys.seen_key(thread_id, message_id), b"")
+                remember = keys.seen_key(thread_id, message_id)
             case SpawnChild():
                 out.loopbacks.append(_creation(rows, thread_id, effect))
             case Loopback(input=loopback):
@@ -320,6 +395,13 @@ def _interpret(
                 assert_never(effect)
     if not out.receipts:
         raise RuntimeError(f"the fold returned no receipt for input {record.input.message_id}")
+    if remember is not None:
+        # The seen row holds the digest of the input that took the id: a later input with
+        # the same id replaces it only if the thread took that one in (applied or held),
+        # so a stranger's refused or stale copy never stands in for a genuine input.
+        disposition = out.receipts[-1].disposition
+        if disposition in (APPLIED, DEFERRED, PARKED) or rows.get(remember) is None:
+            rows.put(remember, digest)
     _write_state(rows, thread_id, transition.state, requested)
 
 
@@ -341,7 +423,7 @@ def _write_state(
 
 def _creation(rows: Overlay, thread_id: str, spawn: SpawnChild) -> Input:
     """The child's `CreateThread`, carrying the parent's model-visible entries of the range."""
-    inherited = visible_entries(rows, thread_id, spawn.from_seq, spawn.up_to_seq)
+    inherited = _fitting(visible_entries(rows, thread_id, spawn.from_seq, spawn.up_to_seq), spawn)
     return Input(
         message_id=spawn.message_id,
         thread_id=spawn.child_thread_id,
@@ -352,3 +434,19 @@ def _creation(rows: Overlay, thread_id: str, spawn: SpawnChild) -> Input:
         signature=None,
         body=CreateThread(config=spawn.config, inherited=inherited, initial=spawn.initial),
     )
+
+
+def _fitting(entries: tuple[HistoryEntry, ...], spawn: SpawnChild) -> tuple[HistoryEntry, ...]:
+    """The most recent of `entries` that fit one input: a child's CreateThread travels as one
+    record. What is cut is logged; the child still starts (a parent waits on it)."""
+    budget = MAX_INPUT_BYTES_CEILING - CREATION_MARGIN
+    kept = 0
+    for entry in reversed(entries):
+        budget -= len(encode_entry(entry)) + ENTRY_MARGIN
+        if budget < 0:
+            break
+        kept += 1
+    if kept < len(entries):
+        log.warning("child %s inherits only the last %d of %d entries: the rest do not fit one input",
+                    spawn.child_thread_id, kept, len(entries), extra={"thread_id": spawn.child_thread_id})
+    return entries[len(entries) - kept:]

@@ -34,9 +34,13 @@ def load_state(store: Store, thread_id: str) -> ThreadState | None:
     return None if raw is None else decode_state(raw, thread_id)
 
 
-def is_seen(store: Store, thread_id: str, message_id: str) -> bool:
-    """Whether `message_id` was remembered for the thread (a copy of it is a duplicate)."""
-    return store.get(keys.seen_key(thread_id, message_id)) is not None
+def is_seen(store: Store, thread_id: str, message_id: str, digest: bytes) -> bool:
+    """Whether this very input (`message_id`, with `digest`: `step.input_digest`) was
+    remembered for the thread: a copy of it is a duplicate. Another input reusing the id
+    is not (finding F4: a stranger's input must not use up the id of a genuine one). An
+    empty row, written before digests were kept, matches any input with the id."""
+    row = store.get(keys.seen_key(thread_id, message_id))
+    return row is not None and (row == b"" or row == digest)
 
 
 def read_entries(

@@ -251,8 +251,30 @@ class SchemaRegistrySettings:
         return f"SchemaRegistrySettings(url={self._redacted()!r})"
 
 
-DEFAULT_MAX_INPUT_BYTES: Final = 1_048_576
-"""An input larger than this is parked unread: 1 MiB, librdkafka's default message size."""
+RECORD_MAX_BYTES: Final = 1_000_000
+"""The largest record a Torpor producer sends (`message.max.bytes`, set explicitly; the
+broker's own default topic limit, 1,048,588, is above it). Every bound below derives from
+it, so that no input the door lets in can make a record Kafka refuses (which would fail
+the checkpoint and stop the partition)."""
+
+MAX_INPUT_BYTES_CEILING: Final = 262_144
+"""The largest `TORPOR_MAX_INPUT_BYTES` allowed: a quarter of a record, less a margin. One
+input's content is written whole into one history row and one event, and a completion's
+calls also into the thread's state row next to inputs held while it waits (at most
+`STATE_HOLD_MAX_BYTES`): each of those stays under `ROW_MAX_BYTES`."""
+
+DEFAULT_MAX_INPUT_BYTES: Final = MAX_INPUT_BYTES_CEILING
+"""An input larger than this is parked unread (256 KiB)."""
+
+ROW_MAX_BYTES: Final = RECORD_MAX_BYTES - 65_536
+"""The largest store row the fold may write (each row is also a changelog record, and an
+entry also travels in an event): the margin covers keys, headers and an event's fields.
+An input whose fold would write a larger row is refused whole (`rejected:too_large`)."""
+
+STATE_HOLD_MAX_BYTES: Final = RECORD_MAX_BYTES // 2
+"""A thread holding inputs (parked, or deferring them behind a completion) holds no more
+once its state row would pass this: the next one is refused (`rejected:too_large`), and
+room stays for the completion or result it waits for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,10 +308,11 @@ class InputSettings:
                 "a processor signing key without a key ring verifies nothing: set "
                 f"{_where('TORPOR_KEYRING', 'inputs', 'keyring')} too"
             )
-        if self.max_bytes < 1:
+        if not 1 <= self.max_bytes <= MAX_INPUT_BYTES_CEILING:
             raise ConfigError(
-                f"max input bytes must be at least 1, not {self.max_bytes}: "
-                f"{_where('TORPOR_MAX_INPUT_BYTES', 'inputs', 'max_bytes')}"
+                f"max input bytes must be between 1 and {MAX_INPUT_BYTES_CEILING}, not {self.max_bytes}: "
+                f"{_where('TORPOR_MAX_INPUT_BYTES', 'inputs', 'max_bytes')} (a larger input could make "
+                f"a record over the {RECORD_MAX_BYTES} bytes a producer sends)"
             )
 
 
@@ -523,6 +546,7 @@ def producer_config(settings: Settings, *, transactional_id: str | None = None) 
     conf["partitioner"] = "murmur2_random"
     conf["enable.idempotence"] = True
     conf["acks"] = "all"
+    conf["message.max.bytes"] = RECORD_MAX_BYTES  # the bound every size limit derives from
     if transactional_id is not None:
         if not transactional_id.strip():
             raise ConfigError("a transactional producer needs a non-empty transactional id")
