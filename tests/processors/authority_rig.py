@@ -77,7 +77,8 @@ class Rig:
     receipts: list[Receipt] = field(default_factory=list)
     dispatches: list[Dispatch] = field(default_factory=list)
     loopbacks: list[Input] = field(default_factory=list)
-    inputs: list[Input] = field(default_factory=list)
+    # Every record folded, as the log holds it (a replay folds them again).
+    records: list[StepRecord] = field(default_factory=list)
 
     def envelope(self, body: InputBody, source: str, thread: str = "t", message_id: str | None = None,
                  created_at: int | None = None) -> Input:
@@ -88,7 +89,7 @@ class Rig:
                      expires_at=None, key_id=None, signature=None, body=body)
 
     def fold(self, *records: StepRecord, partitions: int | None = None) -> StepOutput:
-        self.inputs.extend(r.input for r in records)
+        self.records.extend(records)
         out = step(self.store, list(records), verifier=KeyringVerifier(self.ring), partitions=partitions)
         self.receipts.extend(out.receipts)
         self.dispatches.extend(out.dispatches)
@@ -102,14 +103,15 @@ class Rig:
         chosen = HONEST.get(source) if key_id == "honest" else key_id
         if chosen is not None:
             record = signing.sign(record, chosen, KEYS[chosen])
-        out = self.fold(StepRecord(record))
+        out = self.fold(StepRecord(record, appended_at=self.clock))  # the broker appends it now
         assert len(out.receipts) == 1
         return out.receipts[0]
 
     def deliver_loopbacks(self) -> list[Receipt]:
         """Fold the processor's loopbacks, signed with its key, as the processor would."""
         pending, self.loopbacks = self.loopbacks, []
-        signed = [StepRecord(signing.sign(loopback, "proc-1", KEYS["proc-1"])) for loopback in pending]
+        signed = [StepRecord(signing.sign(loopback, "proc-1", KEYS["proc-1"]), appended_at=self.clock)
+                  for loopback in pending]
         return [receipt for record in signed for receipt in self.fold(record).receipts]
 
     def complete(self, reply: str = "", calls: tuple[ToolCall, ...] = (), thread: str = "t") -> Receipt:

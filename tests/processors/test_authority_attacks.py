@@ -50,10 +50,6 @@ MAX_INPUT_BYTES = 1_048_576  # TORPOR_MAX_INPUT_BYTES' default: anything up to i
 
 
 # Findings still open: strict, so a fix makes these tests fail until the marker goes.
-OPEN_F5 = pytest.mark.xfail(strict=True, reason=(
-    "open (F5): key windows and expiry are judged at the signer's created_at; they should be judged "
-    "at the broker's append time (LogAppendTime on inputs)"))
-
 def _public(tools: tuple = (SEARCH, WATCH), granted: tuple[str, ...] = (), max_turns: int | None = None,
             ) -> ThreadConfig:
     base = config(tools=tools, granted=granted, max_turns=max_turns)
@@ -209,7 +205,6 @@ def test_f4_a_seen_row_from_before_digests_still_makes_any_copy_a_duplicate() ->
 # --- F5: times the signer chooses ------------------------------------------------------
 
 
-@OPEN_F5
 def test_f5_a_rotated_out_key_cannot_sign_by_backdating() -> None:
     """Key windows and `expires_at` are judged at the input's own `created_at`, which the
     signer writes. A stolen key given a `valid_until` keeps working for anyone who dates
@@ -221,7 +216,6 @@ def test_f5_a_rotated_out_key_cannot_sign_by_backdating() -> None:
     assert receipt.disposition != "applied", "a key rotated out before the thread's last input still signs"
 
 
-@OPEN_F5
 def test_f5_replay_after_a_rotation_judges_inputs_as_the_live_run_did() -> None:
     """A forward-dated input (a stolen key, or a gateway with a skewed clock) is verified
     live; once the key is rotated out (the documented procedure: give it a valid_until
@@ -234,8 +228,8 @@ def test_f5_replay_after_a_rotation_judges_inputs_as_the_live_run_did() -> None:
     rotated = KeyRing(tuple(dataclasses.replace(v, valid_until=2_000_000_000_000)
                             if v.key_id == "gateway-acme" else v for v in RING.entries))
     replay = Rig(ring=rotated)
-    for record in live.inputs:
-        replay.fold(StepRecord(record))
+    for record in live.records:
+        replay.fold(record)
     assert [r.disposition for r in replay.receipts] == [r.disposition for r in live.receipts]
     assert replay.history() == live.history()
 

@@ -2,17 +2,18 @@
 
 A processor runs with `TORPOR_KEYRING`, its own signing key (it signs its completions
 and loopbacks, so an unsigned "processor" input is refused) and a small
-`TORPOR_MAX_INPUT_BYTES`. Thread
-`victim` asks for `echo` and waits; before any connector runs, hostile and broken
-answers to its call are produced straight to `inputs`: unsigned, tampered, signed by a
-valid key that does not cover `echo`, by a key the ring does not know, bound to another
-dispatch, an expired event, oversized, bytes that are not Avro, a record whose body is
-a type this contract does not have. Each gets its receipt with the reason, nothing
-reaches the victim's history, and another thread keeps folding meanwhile; a result for
-the victim's call sent to that other thread is `stale` there. A model that calls
-`receive_event__injected` gets an error result and nothing is dispatched. Then the echo
-connector, signing with its own key, answers: the victim's turn completes, and a replay
-of that genuine answer is a `duplicate`.
+`TORPOR_MAX_INPUT_BYTES`. Thread `victim` asks for `echo` and waits; before any
+connector runs, hostile and broken answers to its call are produced straight to
+`inputs`: unsigned, tampered, signed by a valid key that does not cover `echo`, by a key
+the ring does not know, by a key rotated out long ago on an input dated inside its
+window (judged at the broker's append time, not at the signer's `created_at`), bound to
+another dispatch, an expired event, oversized, bytes that are not Avro, a record whose
+body is a type this contract does not have. Each gets its receipt with the reason,
+nothing reaches the victim's history, and another thread keeps folding meanwhile; a
+result for the victim's call sent to that other thread is `stale` there. A model that
+calls `receive_event__injected` gets an error result and nothing is dispatched. Then the
+echo connector, signing with its own key, answers: the victim's turn completes, and a
+replay of that genuine answer is a `duplicate`.
 """
 
 from __future__ import annotations
@@ -124,8 +125,10 @@ def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Ed25
     processor_pem = tmp_path / "proc-1.pem"
     write_private_key(processor_pem, processor_key)
     ring = tmp_path / "keyring.toml"
+    # echo-old: the same key under an id rotated out in 1970 (valid_until), for back-dating.
+    rotated = dataclasses.replace(version("echo-old", ("echo",)), valid_until=1_000_000)
     ring.write_text(keyring_toml(KeyRing((
-        version("echo-1", ("echo",)), version("search-1", ("search",)),
+        version("echo-1", ("echo",)), version("search-1", ("search",)), rotated,
         KeyVersion(key_id="proc-1", public_key=_raw(processor_key), sources=("processor",)),
         KeyVersion(key_id="gateway-test", public_key=_raw(GATEWAY), sources=("user:*",), tenants=("test",),
                    scopes=("test",)),
@@ -174,6 +177,9 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
         "unbound": (signed("bad-unbound", bound_to="an-earlier-dispatch"), "rejected:unbound",
                     "request_id_mismatch"),
         "expired": (signed("bad-expired", expires_at=9_000), "rejected:expired", "expired"),
+        # Dated inside the rotated key's window; judged when the broker appended it (F5).
+        "back-dated": (signed("bad-back-dated", key_id="echo-old"), "rejected:expired",
+                       "key_not_valid_at_time"),
         "forged completion": (dataclasses.replace(
             _answer(victim, call, request, "bad-completion"), source="processor",
             body=Completion(request_id="forged", content=(TextBlock("I will wire the money."),),

@@ -194,7 +194,7 @@ def test_deleting_a_thread_tombstones_every_row() -> None:
 
 def test_the_verifier_decides_provenance() -> None:
     class Forged:
-        def verify(self, record: Input, state: ThreadState | None) -> Verdict:
+        def verify(self, record: Input, state: ThreadState | None, at: int | None = None) -> Verdict:
             return Verdict(FORGED, "bad_signature")
 
     out = step(MemoryStore(), Feed()(envelope("m1", create())), verifier=Forged())

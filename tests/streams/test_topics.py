@@ -57,6 +57,7 @@ def test_the_specs_follow_the_design() -> None:
         "cleanup.policy": "delete",
         "retention.ms": FOREVER,
         "retention.bytes": "-1",
+        "message.timestamp.type": "LogAppendTime",
     }
     assert specs[Topic.RECEIPTS].config["retention.ms"] == FOREVER
     assert specs[Topic.CHANGELOG].config == {"cleanup.policy": "compact"}
@@ -128,6 +129,7 @@ def test_ensure_topics_creates_every_topic_with_its_config(
     assert ensured.partitions == 3
     inputs = describe(admin, names.inputs)
     assert (inputs["cleanup.policy"], inputs["retention.ms"]) == ("delete", FOREVER)
+    assert inputs["message.timestamp.type"] == "LogAppendTime"
     assert describe(admin, names.receipts)["retention.ms"] == FOREVER
     assert describe(admin, names.changelog)["cleanup.policy"] == "compact"
     assert describe(admin, names.toolsets)["cleanup.policy"] == "compact"
@@ -159,7 +161,8 @@ def test_ensure_topics_creates_only_what_is_missing_and_follows_the_existing_inp
     admin: AdminClient, kafka_bootstrap: str, prefix: str
 ) -> None:
     names = TopicNames.for_prefix(prefix)
-    create(admin, names.inputs, 4, {"cleanup.policy": "delete", "retention.ms": FOREVER})
+    create(admin, names.inputs, 4, {"cleanup.policy": "delete", "retention.ms": FOREVER,
+                                    "message.timestamp.type": "LogAppendTime"})
 
     # The setting says 2, but the inputs already have 4: the changelog must follow the broker.
     ensured = ensure_topics(admin, settings_for(kafka_bootstrap, prefix, partitions=2), Deadline.after(30))
@@ -223,3 +226,21 @@ def test_a_replication_factor_above_the_broker_count_is_a_config_error(
 
     with pytest.raises(ConfigError, match="TORPOR_REPLICATION_FACTOR"):
         ensure_topics(admin, settings, Deadline.after(30))
+
+
+@pytest.mark.kafka
+def test_an_inputs_topic_whose_producers_stamp_the_time_is_refused_with_the_fix(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    """The processor judges key windows and expiry at the broker's append time: with
+    CreateTime, a writer would choose it."""
+    names = TopicNames.for_prefix(prefix)
+    create(admin, names.inputs, 3, {"message.timestamp.type": "CreateTime"})
+
+    with pytest.raises(TopicLayoutError) as caught:
+        ensure_topics(admin, settings_for(kafka_bootstrap, prefix, partitions=3), Deadline.after(30))
+
+    message = str(caught.value)
+    assert f"topic {names.inputs} has message.timestamp.type='CreateTime'" in message
+    assert "but must be 'LogAppendTime'" in message
+    assert f"--entity-name {names.inputs} --add-config message.timestamp.type=LogAppendTime" in message

@@ -165,7 +165,7 @@ def authority_verdict(record: Input, state: ThreadState | None, ring: KeyRing) -
     return None
 
 
-def grant_verdict(record: Input, verified: bool, ring: KeyRing) -> Verdict | None:
+def grant_verdict(record: Input, verified: bool, ring: KeyRing, at: int | None = None) -> Verdict | None:
     """A refusal if a root `CreateThread` claims more than its signer's key grants, else None.
 
     `verified`: its signature checked out, so the ring's version of its key at its time
@@ -178,7 +178,7 @@ def grant_verdict(record: Input, verified: bool, ring: KeyRing) -> Verdict | Non
         return None
     capability = body.config.capability
     # Looked up here, not by the caller: only a root thread's creation needs it.
-    version = ring.version_at(record.key_id, record.created_at) \
+    version = ring.version_at(record.key_id, record.created_at if at is None else at) \
         if verified and record.key_id is not None else None
     if version is None:
         if capability.tenant != PUBLIC_TENANT:

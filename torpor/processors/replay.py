@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaException,
+    TopicPartition,
+)
 
 from torpor.processors import keys
 from torpor.processors.history import advance
@@ -91,6 +97,9 @@ class LogRecord:
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
+    # When the broker appended it, if the topic stamps append times (else None), as the
+    # processor reads it: the time the verifier judges at.
+    appended_at: int | None = None
 
 
 Progress = Callable[[int, int], None]
@@ -153,7 +162,7 @@ def read_log(
                     continue
                 positions[partition] = offset + 1
                 seen += 1
-                _, stamp = message.timestamp()
+                kind, stamp = message.timestamp()
                 if cut.until_ms is not None and stamp > cut.until_ms:
                     # Record times only grow within a partition (broker or producer time,
                     # give or take a skew): past the cut, the partition is finished.
@@ -161,7 +170,8 @@ def read_log(
                     continue
                 if key is not None and message.key() != key:
                     continue
-                yield LogRecord(partition, offset, stamp, message.key(), message.value())
+                yield LogRecord(partition, offset, stamp, message.key(), message.value(),
+                                max(int(stamp), 0) if kind == TIMESTAMP_LOG_APPEND_TIME else None)
             # Transaction markers and aborted records are never delivered: the position,
             # not the last record, says whether a partition is read to its end.
             for current in consumer.position([TopicPartition(topic, p) for p in ends if p not in done]):
@@ -204,7 +214,8 @@ class Replayer:
             self.counts.parked += 1
             return
         run = self._pending.setdefault(record.partition, [])
-        run.append(StepRecord(decoded, record.partition, record.offset, record.key, record.value))
+        run.append(StepRecord(decoded, record.partition, record.offset, record.key, record.value,
+                              record.appended_at))
         if len(run) >= STEP_BATCH:
             self._fold(record.partition)
 

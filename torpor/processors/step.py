@@ -118,6 +118,9 @@ class StepRecord:
     key: bytes | None = None
     # The record's value as read (None: local mode), for `input_digest`.
     value: bytes | None = None
+    # When the broker appended it (None: not known, as in local mode): the time the
+    # verifier judges key windows and expiry at, which no writer chooses.
+    appended_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +287,7 @@ def _fold_one(
         mark = _Collected()
         try:
             state = load_state(scratch, item.thread_id)
-            verdict = judge.verify(item, state)
+            verdict = judge.verify(item, state, record.appended_at)
             facts = Facts(
                 seen=is_seen(scratch, item.thread_id, item.message_id, digest),
                 provenance=verdict.provenance,

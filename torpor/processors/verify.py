@@ -13,10 +13,11 @@ this order:
    this body, and that role signs here (with a key ring every role but `user` always
    does: `processor` included); an unsigned user may only touch `PUBLIC_TENANT`
    threads;
-1. the signature, with `torpor.schemas.signing.verify`: the key, its window at the
-   input's `created_at`, its scope for the source, for the tool the input answers for
-   (the tool of the pending call, subscription or approval it names; `timer` for a
-   `TimerFired`), and for the thread's tenant; then `expires_at`; then, for a root
+1. the signature, with `torpor.schemas.signing.verify`: the key, its window at `at` (the
+   time the broker appended the input; its `created_at` where there is none), its scope
+   for the source, for the tool the input answers for (the tool of the pending call,
+   subscription or approval it names; `timer` for a `TimerFired`), and for the thread's
+   tenant; then `expires_at` (at `at` too); then, for a root
    `CreateThread`, that the key grants the tenant, tools and scopes it asks for;
 2. binding: a `ToolResult`, `ToolEvent`, `TimerFired` or `ApprovalRequest` naming a call
    this thread has pending (or a live subscription) must carry that call's dispatch
@@ -29,8 +30,10 @@ this order:
 `SourceVerifier` is development mode (no key ring): no signature is checked, every input
 is `unsigned` with reason `no_keyring`, which the fold accepts from every source.
 
-Both read only the input and the state: no clock, no I/O. So a replay of the `inputs`
-topic with the same key ring judges every input exactly as the live processor did.
+Both read only the input, the state and `at`: no clock, no I/O. `at` is the record's
+broker append time (`inputs` has `message.timestamp.type=LogAppendTime`), which no writer
+chooses and a replay reads back unchanged. So a replay of the `inputs` topic with the same
+key ring judges every input exactly as the live processor did, even after a key rotation.
 Oversized inputs never get here: the processor parks them by their encoded size.
 
 `verifier_for(settings)` builds what a processor runs: `KeyringVerifier` over the key
@@ -121,13 +124,13 @@ def processor_signer(settings: InputSettings) -> Signer | None:
 class Verifier(Protocol):
     """Decides an input's provenance before the fold sees it (module docstring)."""
 
-    def verify(self, record: Input, state: ThreadState | None) -> Verdict: ...
+    def verify(self, record: Input, state: ThreadState | None, at: int | None = None) -> Verdict: ...
 
 
 class SourceVerifier:
     """Development mode: nothing is checked, every input is `unsigned`, `no_keyring`."""
 
-    def verify(self, record: Input, state: ThreadState | None) -> Verdict:
+    def verify(self, record: Input, state: ThreadState | None, at: int | None = None) -> Verdict:
         return Verdict(UNSIGNED, NO_KEYRING, record.key_id)
 
 
@@ -137,18 +140,18 @@ class KeyringVerifier:
     def __init__(self, ring: KeyRing) -> None:
         self._ring = ring
 
-    def verify(self, record: Input, state: ThreadState | None) -> Verdict:
+    def verify(self, record: Input, state: ThreadState | None, at: int | None = None) -> Verdict:
         refusal = authority_verdict(record, state, self._ring)
         if refusal is not None:
             return refusal
         bound = _bound_call(record, state)
         tool = TIMER_TOOL if isinstance(record.body, TimerFired) else bound[0] if bound else None
         tenant = state.config.capability.tenant if state is not None else None
-        verdict = signing.verify(record, self._ring, tool=tool, tenant=tenant)
+        verdict = signing.verify(record, self._ring, tool=tool, tenant=tenant, at=at)
         refused = verdict.provenance not in (VERIFIED, UNSIGNED)
         if refused or verdict.reason == signing.MISSING_SIGNATURE:
             return verdict
-        refusal = grant_verdict(record, verdict.is_verified, self._ring)
+        refusal = grant_verdict(record, verdict.is_verified, self._ring, at)
         if refusal is not None:
             return refusal
         if bound is not None and bound[1] != _request_id(record):

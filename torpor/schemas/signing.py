@@ -36,16 +36,20 @@ note on evolution below).
 
 Judging a signature
 -------------------
-`verify(input, keyring, tool=..., tenant=..., policy=...)` returns a `Verdict`: one of
-the provenance words of `records.py` and a reason for the receipt. It reads no clock:
-every time it compares is the input's own `created_at`, so replaying the `inputs` topic
-judges each input exactly as it was judged live (DESIGN 2.1, section 3). The order:
+`verify(input, keyring, tool=..., tenant=..., policy=..., at=...)` returns a `Verdict`:
+one of the provenance words of `records.py` and a reason for the receipt. It reads no
+clock: every time it compares is `at`, which the processor passes as the time the broker
+appended the input (`inputs` has `message.timestamp.type=LogAppendTime`; a replay reads
+the same time back), so replaying the `inputs` topic judges each input exactly as it was
+judged live (DESIGN 2.1, section 3), and a signer cannot choose the time its key is
+judged at by back-dating `created_at`. Without `at` (local mode, older topics) it is
+the input's own `created_at`. The order:
 
 1. No signature: `unsigned`, reason `missing_signature` if `policy` says the source
    must sign, else (after the expiry check of step 6) `signature_not_required`.
 2. A signature without a key id: `forged`, `missing_key_id`.
 3. Key id not in the ring: `forged`, `unknown_key`.
-4. The signature must check against the version of the key valid at `created_at`. If
+4. The signature must check against the version of the key valid at `at`. If
    no version is valid then, or that version's key does not check: `expired`,
    `key_not_valid_at_time` if the signature checks against another version of the id (a
    real key used outside its window: revoked, or not yet valid), else `forged`,
@@ -56,8 +60,8 @@ judges each input exactly as it was judged live (DESIGN 2.1, section 3). The ord
    answers for, one of its `tools` (`key_not_allowed_for_tool`); if it passes the
    thread's `tenant`, one of its `tenants` (`key_not_allowed_for_tenant`). A genuine key
    signing beyond its scope is an impersonation, hence `forged`.
-6. `expires_at` at or before `created_at`: `expired`, `expired` (the input was dead when
-   written). An input is live while ``created_at < expires_at``.
+6. `expires_at` at or before `at`: `expired`, `expired` (the input was dead when it
+   reached the log). An input is live while ``at < expires_at``.
 7. Otherwise `verified`, `signature_ok`.
 
 `unbound` is not decided here: binding a result to a pending call of its thread (call id,
@@ -209,8 +213,8 @@ def _checks(version: KeyVersion, signature: bytes, message: bytes) -> bool:
     return True
 
 
-def _is_expired(record: Input) -> bool:
-    return record.expires_at is not None and record.expires_at <= record.created_at
+def _is_expired(record: Input, at: int) -> bool:
+    return record.expires_at is not None and record.expires_at <= at
 
 
 def verify(
@@ -220,21 +224,25 @@ def verify(
     tool: str | None = None,
     tenant: str | None = None,
     policy: SigningPolicy = DEFAULT_POLICY,
+    at: int | None = None,
 ) -> Verdict:
     """Judge `record`'s signature against `keyring` (the steps of the module docstring).
 
     `tool`: the tool the input answers for (the pending call's tool, for a result, an
     event, a timer or an approval request), or None when it names no call or the call is
     unknown: then tool scope is not checked. `tenant`: the tenant of the thread's
-    capability, or None when the thread has none yet (its `CreateThread`). Pure: the
+    capability, or None when the thread has none yet (its `CreateThread`). `at`: the time
+    the input is judged at (key windows, `expires_at`): the broker's append time, which no
+    writer chooses; None judges at the input's own `created_at`. Pure: the
     same arguments give the same verdict, whenever and wherever it runs. Never raises for
     bad input: a body that cannot be encoded is `forged`, `bad_signature`.
     """
     key_id = record.key_id
+    moment = record.created_at if at is None else at
     if record.signature is None:
         if policy.requires_signature(record.source):
             return Verdict(UNSIGNED, MISSING_SIGNATURE, key_id)
-        if _is_expired(record):
+        if _is_expired(record, moment):
             return Verdict(EXPIRED, INPUT_EXPIRED, key_id)
         return Verdict(UNSIGNED, SIGNATURE_NOT_REQUIRED, key_id)
     if key_id is None:
@@ -247,7 +255,7 @@ def verify(
     except ContractError:
         # Nothing can have signed bytes that do not exist; a receipt, not a crash.
         return Verdict(FORGED, BAD_SIGNATURE, key_id)
-    version = keyring.version_at(key_id, record.created_at)
+    version = keyring.version_at(key_id, moment)
     if version is None or not _checks(version, record.signature, message):
         others = (v for v in versions if v is not version)
         if any(_checks(v, record.signature, message) for v in others):
@@ -260,6 +268,6 @@ def verify(
         return Verdict(FORGED, KEY_NOT_ALLOWED_FOR_TOOL, key_id)
     if tenant is not None and not version.may_sign_tenant(tenant):
         return Verdict(FORGED, KEY_NOT_ALLOWED_FOR_TENANT, key_id)
-    if _is_expired(record):
+    if _is_expired(record, moment):
         return Verdict(EXPIRED, INPUT_EXPIRED, key_id)
     return Verdict(VERIFIED, SIGNATURE_OK, key_id)

@@ -7,8 +7,10 @@ shows them all, and then verifies the two invariants the processor relies on:
 
 1. the changelog has as many partitions as `inputs`, since the store of inputs partition
    N is restored from changelog partition N;
-2. every topic the layout compacts (the changelog, the toolsets) has `cleanup.policy=compact`,
-   or live store rows would be deleted by retention.
+2. every config of `topics.REQUIRED` holds: the topics the layout compacts (the changelog,
+   the toolsets) have `cleanup.policy=compact`, or live store rows would be deleted by
+   retention; `inputs` has `message.timestamp.type=LogAppendTime`, the time the processor
+   judges key windows and expiry at.
 
 A broken invariant raises `TopicLayoutError` (a `ConfigError`) that names the topic, the
 reason and the command that fixes it: Torpor never alters an existing topic by itself.
@@ -38,7 +40,7 @@ from torpor.streams.clients import check_reachable
 from torpor.streams.config import Settings
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import BrokerUnreachableError, TopicLayoutError, kafka_error_of, translate
-from torpor.streams.topics import LAYOUTS, Topic, TopicNames, TopicSpec, topic_specs
+from torpor.streams.topics import REQUIRED, Topic, TopicNames, TopicSpec, topic_specs
 
 # A single admin request may take this long; the caller's deadline bounds the whole.
 ADMIN_CALL_SECONDS: Final = 10.0
@@ -99,7 +101,7 @@ def ensure_topics(admin: AdminClient, settings: Settings, deadline: Deadline) ->
     # 3. wait until the metadata shows them all, then check the invariants.
     metadata = _await_metadata(admin, [spec.name for spec in specs], deadline, bootstrap)
     _check_partitions(metadata, names, bootstrap)
-    _check_compaction(admin, names, deadline, bootstrap)
+    _check_configs(admin, names, deadline, bootstrap)
     existing = tuple(spec.name for spec in specs if spec.name not in created)
     return TopicsEnsured(
         created=created, existing=existing, partitions=len(metadata.topics[names.inputs].partitions)
@@ -205,34 +207,30 @@ def _check_partitions(metadata: ClusterMetadata, names: TopicNames, bootstrap: s
     raise TopicLayoutError(f"{why} {fix}")
 
 
-def _check_compaction(admin: AdminClient, names: TopicNames, deadline: Deadline, bootstrap: str) -> None:
-    compacted = [
-        topic for topic, layout in LAYOUTS.items() if layout.config.get("cleanup.policy") == "compact"
-    ]
-    resources = [ConfigResource(ResourceType.TOPIC, names.of(topic)) for topic in compacted]
+def _check_configs(admin: AdminClient, names: TopicNames, deadline: Deadline, bootstrap: str) -> None:
+    """Every `topics.REQUIRED` config holds on the broker's topics (existing ones included)."""
+    resources = {topic: ConfigResource(ResourceType.TOPIC, names.of(topic))
+                 for topic in dict.fromkeys(required.topic for required in REQUIRED)}
     timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
     try:
-        futures = admin.describe_configs(resources, request_timeout=timeout)
+        futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
     except KafkaException as exc:
         raise translate(exc, operation="describe_configs") from exc
-    for topic, resource in zip(compacted, resources, strict=True):
-        name = names.of(topic)
-        try:
-            entries = futures[resource].result(timeout=timeout + 1.0)
-        except concurrent.futures.TimeoutError:
-            raise BrokerUnreachableError(bootstrap, timeout, f"describing {name} got no answer") from None
-        except KafkaException as exc:
-            raise translate(exc, operation=f"describe configs of {name}") from exc
-        policy = entries["cleanup.policy"].value if "cleanup.policy" in entries else None
-        if policy != "compact":
+    described: dict[Topic, Mapping[str, object]] = {}
+    for required in REQUIRED:
+        name = names.of(required.topic)
+        if required.topic not in described:
+            try:
+                described[required.topic] = futures[resources[required.topic]].result(timeout=timeout + 1.0)
+            except concurrent.futures.TimeoutError:
+                raise BrokerUnreachableError(bootstrap, timeout, f"describing {name} got no answer") from None
+            except KafkaException as exc:
+                raise translate(exc, operation=f"describe configs of {name}") from exc
+        entry = described[required.topic].get(required.key)
+        value = getattr(entry, "value", None)
+        if value != required.value:
             raise TopicLayoutError(
-                f"topic {name} has cleanup.policy={policy!r} but must be 'compact': "
-                f"{_compaction_reason(topic)}. Fix: kafka-configs.sh --bootstrap-server {bootstrap} --alter "
-                f"--entity-type topics --entity-name {name} --add-config cleanup.policy=compact"
+                f"topic {name} has {required.key}={value!r} but must be {required.value!r}: "
+                f"{required.why}. Fix: kafka-configs.sh --bootstrap-server {bootstrap} --alter "
+                f"--entity-type topics --entity-name {name} --add-config {required.key}={required.value}"
             )
-
-
-def _compaction_reason(topic: Topic) -> str:
-    if topic is Topic.CHANGELOG:
-        return "it replicates the store, and deleting old segments would lose live rows"
-    return LAYOUTS[topic].why

@@ -58,6 +58,7 @@ from typing import Final, TypeVar
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_INVALID,
+    TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaError,
     KafkaException,
@@ -545,7 +546,7 @@ class CheckpointLoop:
 
 
 def _record_of(message: Message) -> InputRecord:
-    _, timestamp = message.timestamp()
+    kind, timestamp = message.timestamp()
     return InputRecord(
         topic=message.topic() or "",
         partition=message.partition() or 0,
@@ -553,6 +554,7 @@ def _record_of(message: Message) -> InputRecord:
         key=message.key(),
         value=message.value(),
         timestamp=max(int(timestamp), 0),
+        append_time=kind == TIMESTAMP_LOG_APPEND_TIME,
     )
 
 

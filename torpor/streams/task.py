@@ -41,6 +41,9 @@ class InputRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int  # ms since the epoch as the broker reported it; 0 when unknown
+    # True when the broker stamped `timestamp` when it appended the record (the topic's
+    # message.timestamp.type is LogAppendTime), not the producer: a time no writer chose.
+    append_time: bool = False
 
 
 @dataclass(frozen=True, slots=True)

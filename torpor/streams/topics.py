@@ -56,7 +56,8 @@ class Layout:
 LAYOUTS: Final[Mapping[Topic, Layout]] = {
     Topic.INPUTS: Layout(
         PartitionRule.LIKE_INPUTS,
-        {"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+        {"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1",
+         "message.timestamp.type": "LogAppendTime"},
         "the source of truth: re-folding it rebuilds every thread, so nothing may expire",
     ),
     Topic.OUTBOX: Layout(
@@ -91,6 +92,26 @@ LAYOUTS: Final[Mapping[Topic, Layout]] = {
         "a small catalogue keyed by toolset name, read whole by clients: compacted, one partition",
     ),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Required:
+    """A config an existing topic must have too (`admin.ensure_topics` checks it), and why."""
+
+    topic: Topic
+    key: str
+    value: str
+    why: str
+
+
+REQUIRED: Final[tuple[Required, ...]] = (
+    Required(Topic.INPUTS, "message.timestamp.type", "LogAppendTime",
+             "the processor judges key windows and input expiry at the time the broker appended "
+             "the input, which no writer chooses (a signer could back-date its own created_at)"),
+    Required(Topic.CHANGELOG, "cleanup.policy", "compact",
+             "it replicates the store, and deleting old segments would lose live rows"),
+    Required(Topic.TOOLSETS, "cleanup.policy", "compact", LAYOUTS[Topic.TOOLSETS].why),
+)
 
 
 @dataclass(frozen=True, slots=True)
