@@ -16,6 +16,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.processors.authority_rig import KEYS, RING, ROTATED_AT, Rig
 from tests.processors.fold_scenarios import SEARCH, WATCH, call, completion, config, create, result, user
@@ -23,6 +25,8 @@ from torpor.connectors.capability import check
 from torpor.processors import keys
 from torpor.processors.authority import PUBLIC_TENANT
 from torpor.processors.step import StepRecord
+from torpor.processors.store import MemoryStore
+from torpor.processors.tables import SENDERS_KEPT, is_seen, with_sender
 from torpor.schemas import signing
 from torpor.schemas.ids import derive_id
 from torpor.schemas.keyring import KeyRing
@@ -178,9 +182,10 @@ def test_f4_a_keyless_stranger_cannot_use_up_a_public_threads_completion_id() ->
     assert real.disposition == "applied", (real.disposition, real.reason)
 
 
-def test_f4_a_strangers_copy_never_replaces_the_genuine_input_in_the_seen_row() -> None:
-    """After the genuine completion took its id, a stranger's input with that id is judged
-    afresh (and absorbed), and a redelivered copy of the genuine one is still a duplicate."""
+def test_f4_a_strangers_copy_neither_absorbs_nor_displaces_the_genuine_input() -> None:
+    """A message id is an idempotency key per sender (source and key id): a stranger's input
+    with the id of a genuine one, before or after it, is judged on its own; a copy of the
+    genuine one is still a duplicate."""
     rig = Rig()
     assert rig.send(create(_public()), "user:owner", None).disposition == "applied"
     state = rig.state()
@@ -188,14 +193,44 @@ def test_f4_a_strangers_copy_never_replaces_the_genuine_input_in_the_seen_row() 
     genuine = signing.sign(rig.envelope(completion(state.pending_request, "the real answer"), "processor",
                                         message_id=state.pending_request), "proc-1", KEYS["proc-1"])
     assert [r.disposition for r in rig.fold(StepRecord(genuine)).receipts] == ["applied"]
-    row = rig.store.get(keys.seen_key("t", genuine.message_id))
     bogus = rig.send(create(_public()), "user:stranger", None, message_id=genuine.message_id)
     assert bogus.disposition.startswith("rejected:")
-    assert rig.store.get(keys.seen_key("t", genuine.message_id)) == row
     assert [r.disposition for r in rig.fold(StepRecord(genuine)).receipts] == ["duplicate"]
+    again = rig.send(create(_public()), "user:stranger", None, message_id=genuine.message_id)
+    assert again.disposition == "duplicate"
 
 
-def test_f4_a_seen_row_from_before_digests_still_makes_any_copy_a_duplicate() -> None:
+def test_a_senders_retry_under_the_same_id_is_a_duplicate_whatever_else_changed() -> None:
+    """`torpor send --message-id`, a gateway retrying after a timeout: a fresh envelope (new
+    created_at, new signature) with the id already taken is absorbed, never folded twice."""
+    rig = Rig()
+    assert rig.send(create(config()), "user:alice").disposition == "applied"
+    rig.complete("hi")
+    assert rig.send(user("wire 10 euros"), "user:alice", message_id="m-wire").disposition == "applied"
+    retry = rig.send(user("wire 10 euros"), "user:alice", message_id="m-wire")  # a later created_at
+    assert retry.disposition == "duplicate"
+    assert sum(1 for b in rig.history() if "wire 10 euros" in str(b)) == 1
+
+
+@given(st.lists(st.sampled_from([bytes([n]) * 16 for n in range(12)]), min_size=1, max_size=40))
+def test_a_seen_row_remembers_the_latest_senders_and_no_more_than_its_bound(senders: list[bytes]) -> None:
+    row: bytes | None = None
+    kept: list[bytes] = []  # the model: distinct senders in the order they came, the last few
+    for sender in senders:
+        row = with_sender(row, sender)
+        if sender not in kept:
+            kept = [*kept, sender][-SENDERS_KEPT:]
+        assert row == b"".join(kept)
+        assert _is_seen_row(row, sender)
+
+
+def _is_seen_row(row: bytes, sender: bytes) -> bool:
+    store = MemoryStore()
+    store.put(keys.seen_key("t", "m"), row)
+    return is_seen(store, "t", "m", sender)
+
+
+def test_f4_a_seen_row_from_before_senders_were_kept_still_makes_any_copy_a_duplicate() -> None:
     rig = Rig()
     assert rig.send(create(_public()), "user:owner", None).disposition == "applied"
     rig.store.put(keys.seen_key("t", "m-old"), b"")  # written by an older processor

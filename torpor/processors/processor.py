@@ -234,7 +234,7 @@ class ThreadTask:
                 park(record, DecodeError(problem, topic=topic, partition=record.partition,
                                          offset=record.offset), "oversized")
                 continue
-            run.append(StepRecord(decoded, record.partition, record.offset, record.key, record.value,
+            run.append(StepRecord(decoded, record.partition, record.offset, record.key,
                                   record.timestamp if record.append_time else None))
         fold_run()
         return TaskOutput(tuple(out), tuple(changes))

@@ -214,8 +214,7 @@ class Replayer:
             self.counts.parked += 1
             return
         run = self._pending.setdefault(record.partition, [])
-        run.append(StepRecord(decoded, record.partition, record.offset, record.key, record.value,
-                              record.appended_at))
+        run.append(StepRecord(decoded, record.partition, record.offset, record.key, record.appended_at))
         if len(run) >= STEP_BATCH:
             self._fold(record.partition)
 

@@ -70,12 +70,11 @@ from torpor.processors.fold import fold, park_on_failure, refuse_at_door, refuse
 from torpor.processors.state import Facts, Status, ThreadState, Transition
 from torpor.processors.statecodec import encode_entry, encode_request, encode_state
 from torpor.processors.store import Change, Overlay, Store
-from torpor.processors.tables import is_seen, load_state, visible_entries
+from torpor.processors.tables import is_seen, load_state, visible_entries, with_sender
 from torpor.processors.verify import PROCESSOR_SOURCE, SourceVerifier, Verifier
 from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
-    APPLIED,
     DEFERRED,
     PARKED,
     CreateThread,
@@ -109,15 +108,13 @@ class StepRecord:
     """One input to fold, with where it was read from (filled into its receipt).
 
     `key`: the Kafka record's key, None where there is none (local mode); then only the
-    ids are checked at the door. `value`: the record's bytes, digested for the seen row.
+    ids are checked at the door. `appended_at`: when the broker appended it.
     """
 
     input: Input
     partition: int | None = None
     offset: int | None = None
     key: bytes | None = None
-    # The record's value as read (None: local mode), for `input_digest`.
-    value: bytes | None = None
     # When the broker appended it (None: not known, as in local mode): the time the
     # verifier judges key windows and expiry at, which no writer chooses.
     appended_at: int | None = None
@@ -225,11 +222,13 @@ def door_problem(record: StepRecord, partitions: int | None) -> tuple[str, str] 
     return None
 
 
-def input_digest(record: StepRecord) -> bytes:
-    """What identifies this very input in its seen row: 16 bytes of SHA-256 over the record's
-    bytes as read (its encoding, where there are none), signature and all."""
-    value = record.value if record.value is not None else encode_value(record.input)
-    return hashlib.sha256(value).digest()[:16]
+def sender_digest(input: Input) -> bytes:
+    """Who sent `input`, as its seen row remembers it: 16 bytes of SHA-256 over its source and
+    key id. A message id is an idempotency key per sender: a sender's retry under the same
+    id is a duplicate, whatever else differs (a fresh `created_at`, a new signature); an
+    input from another sender with that id is judged on its own (finding F4). Inputs
+    refused for their provenance are never remembered, so a forger cannot claim a sender."""
+    return hashlib.sha256(f"{input.source}\0{input.key_id or ''}".encode()).digest()[:16]
 
 
 def size_problem(size: int, limit: int, source: str | None) -> str | None:
@@ -277,11 +276,7 @@ def _fold_one(
         "message_id": item.message_id,
     }
     error = "unknown"
-    try:
-        digest = input_digest(record)
-    except Exception as exc:  # local mode hands over objects: one that cannot be encoded is parked
-        _refuse(record, PARKED, f"the input cannot be encoded: {type(exc).__name__}: {exc}", out)
-        return
+    sender = sender_digest(item)
     for attempt in range(max_attempts):
         scratch = Overlay(batch)  # this input's writes, dropped if anything below raises
         mark = _Collected()
@@ -289,14 +284,14 @@ def _fold_one(
             state = load_state(scratch, item.thread_id)
             verdict = judge.verify(item, state, record.appended_at)
             facts = Facts(
-                seen=is_seen(scratch, item.thread_id, item.message_id, digest),
+                seen=is_seen(scratch, item.thread_id, item.message_id, sender),
                 provenance=verdict.provenance,
                 provenance_reason=verdict.reason,
                 attempt=attempt,
                 default_config=default_config,
             )
             transition = fold(state, item, facts)
-            _interpret(scratch, record, digest, state, transition, mark)
+            _interpret(scratch, record, sender, state, transition, mark)
             too_large = _size_problem(scratch, item.thread_id, mark)
         except Exception as exc:  # any bug in the fold or the shell: bounded, then parked
             error = f"{type(exc).__name__}: {exc}"
@@ -319,7 +314,7 @@ def _fold_one(
     try:
         state = load_state(scratch, item.thread_id)
         transition = park_on_failure(state, item, error, max_attempts)
-        _interpret(scratch, record, digest, state, transition, mark)
+        _interpret(scratch, record, sender, state, transition, mark)
     except Exception as exc:  # not even parking works: a receipt without the state, and go on
         log.error("parking the thread failed too: %s: %s", type(exc).__name__, exc,
                   extra={**where, "disposition": PARKED})
@@ -360,7 +355,7 @@ def _merge(out: _Collected, mark: _Collected) -> None:
 
 
 def _interpret(
-    rows: Overlay, record: StepRecord, digest: bytes, before: ThreadState | None, transition: Transition,
+    rows: Overlay, record: StepRecord, sender: bytes, before: ThreadState | None, transition: Transition,
     out: _Collected,
 ) -> None:
     """Turn one transition into writes on `rows` and records in `out`."""
@@ -399,12 +394,7 @@ def _interpret(
     if not out.receipts:
         raise RuntimeError(f"the fold returned no receipt for input {record.input.message_id}")
     if remember is not None:
-        # The seen row holds the digest of the input that took the id: a later input with
-        # the same id replaces it only if the thread took that one in (applied or held),
-        # so a stranger's refused or stale copy never stands in for a genuine input.
-        disposition = out.receipts[-1].disposition
-        if disposition in (APPLIED, DEFERRED, PARKED) or rows.get(remember) is None:
-            rows.put(remember, digest)
+        rows.put(remember, with_sender(rows.get(remember), sender))
     _write_state(rows, thread_id, transition.state, requested)
 
 

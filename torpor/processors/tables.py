@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from torpor.processors import keys
 from torpor.processors.effects import RequestCompletion
@@ -34,13 +35,31 @@ def load_state(store: Store, thread_id: str) -> ThreadState | None:
     return None if raw is None else decode_state(raw, thread_id)
 
 
-def is_seen(store: Store, thread_id: str, message_id: str, digest: bytes) -> bool:
-    """Whether this very input (`message_id`, with `digest`: `step.input_digest`) was
-    remembered for the thread: a copy of it is a duplicate. Another input reusing the id
-    is not (finding F4: a stranger's input must not use up the id of a genuine one). An
-    empty row, written before digests were kept, matches any input with the id."""
+SENDERS_KEPT: Final = 8
+"""How many senders a seen row remembers for one message id (the latest): more than one
+only when several senders reuse an id, which only a stranger does; bounded all the same."""
+_DIGEST: Final = 16
+
+
+def is_seen(store: Store, thread_id: str, message_id: str, sender: bytes) -> bool:
+    """Whether `message_id` was remembered for the thread from `sender` (`step.sender_digest`):
+    then a copy is a duplicate. From another sender it is not (finding F4: a stranger's
+    input must not use up the id of a genuine one). An empty row, written before senders
+    were kept, matches any sender."""
     row = store.get(keys.seen_key(thread_id, message_id))
-    return row is not None and (row == b"" or row == digest)
+    if row is None:
+        return False
+    return row == b"" or any(row[i:i + _DIGEST] == sender for i in range(0, len(row), _DIGEST))
+
+
+def with_sender(row: bytes | None, sender: bytes) -> bytes:
+    """The seen row `row` (None: none yet) remembering `sender` too, the oldest dropped past
+    `SENDERS_KEPT`; an empty row from before senders were kept stays as it is."""
+    if row is None:
+        return sender
+    if row == b"" or any(row[i:i + _DIGEST] == sender for i in range(0, len(row), _DIGEST)):
+        return row
+    return (row + sender)[-SENDERS_KEPT * _DIGEST:]
 
 
 def read_entries(
