@@ -31,9 +31,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from bench.restore import REPO, bootstrap, create_topic, generate, produce_changes
+from torpor.processors.fold.verify import SourceVerifier
 from torpor.processors.replay import Replayer, read_log, thread_heads
-from torpor.processors.store import Store
-from torpor.processors.verify import SourceVerifier
+from torpor.processors.store.kv import Store
 from torpor.schemas.codec import Codec, encode_value
 from torpor.schemas.records import Input
 from torpor.streams.config import DEFAULT_MAX_INPUT_BYTES

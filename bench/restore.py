@@ -33,8 +33,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore, RocksStore, StoreOffsets
-from torpor.processors.tables import load_state
+from torpor.processors.store.kv import MemoryStore, RocksStore, StoreOffsets
+from torpor.processors.store.tables import load_state
 from torpor.schemas.records import (
     Budgets,
     Capability,

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Final
 
 from torpor.connectors.inprocess import InProcessConnector, text
-from torpor.processors.model import CompletionRequest, Finished, ModelInfo, ModelOutput, TextDelta
+from torpor.processors.models.provider import CompletionRequest, Finished, ModelInfo, ModelOutput, TextDelta
 from torpor.schemas.records import (
     Budgets,
     Capability,

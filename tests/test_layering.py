@@ -1,8 +1,13 @@
 """The dependency direction of DESIGN section 9, checked on the imports themselves.
 
-`schemas` <- `streams` <- `processors`, `connectors`; processors and connectors never
-import each other; only the command line (`torpor.cli`) composes them. The fold imports
-nothing from `streams`.
+Between the top-level packages: `schemas` <- `streams` <- `processors`, `connectors`;
+processors and connectors never import each other; only the command line (`torpor.cli`)
+composes them.
+
+Inside `torpor.processors`, four rooms (its package docstring): `fold` (pure: nothing of
+the store, the models, `streams` or any I/O), `store` (the fold's types, nothing of Kafka
+or models), `models` (the model stage: the fold's types and the store it reads), and the
+runtimes at the top of the package, the only modules that compose the others.
 """
 
 from __future__ import annotations
@@ -22,31 +27,68 @@ ALLOWED: Final[dict[str, frozenset[str]]] = {
     "cli": frozenset({"schemas", "streams", "processors", "connectors"}),
 }
 
-# Pure modules of the fold: they may not reach Kafka plumbing either.
-FOLD_MODULES: Final = ("fold", "state", "history", "builtins", "effects")
+RUNTIMES: Final = "runtimes"  # the modules at the top of torpor/processors
+# room -> the rooms of torpor.processors and the top-level layers it may import.
+ROOMS: Final[dict[str, frozenset[str]]] = {
+    "fold": frozenset({"schemas"}),
+    "store": frozenset({"schemas", "fold"}),
+    "models": frozenset({"schemas", "streams", "fold", "store"}),
+    RUNTIMES: frozenset({"schemas", "streams", "fold", "store", "models"}),
+}
+
+# What the pure fold may not import: I/O, clocks, threads, and the clients of the outside world.
+FOLD_FORBIDDEN: Final = frozenset({
+    "asyncio", "io", "logging", "os", "pathlib", "random", "secrets", "shutil", "socket", "subprocess",
+    "threading", "time", "urllib", "uuid",
+    "anthropic", "boto3", "confluent_kafka", "fastavro", "httpx", "mcp", "openai", "rocksdict",
+})
 
 
-def _torpor_imports(path: Path, root: Path = PACKAGE.parent) -> set[str]:
-    """The dotted `torpor.*` modules that `path` (under `root`) imports, relative ones resolved."""
+def _imports(path: Path, root: Path = PACKAGE.parent) -> set[str]:
+    """Every dotted module `path` (under `root`) imports, relative ones resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("torpor"))
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = path.relative_to(root).with_suffix("").parts
                 base = parts[: len(parts) - node.level]
                 module = ".".join((*base, node.module)) if node.module else ".".join(base)
                 found.add(module)
-            elif node.module and node.module.startswith("torpor"):
+            elif node.module:
                 found.add(node.module)
+                # `from torpor.processors import step` imports the module torpor.processors.step.
+                found.update(f"{node.module}.{alias.name}" for alias in node.names
+                             if _is_module(root, f"{node.module}.{alias.name}"))
     return found
+
+
+def _is_module(root: Path, dotted: str) -> bool:
+    path = root.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _torpor_imports(path: Path, root: Path = PACKAGE.parent) -> set[str]:
+    return {m for m in _imports(path, root) if m == "torpor" or m.startswith("torpor.")}
 
 
 def _layer(module: str) -> str | None:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None
+
+
+def _room(module: str) -> str | None:
+    """The room of a `torpor.processors` module, a top-level layer's name, or None."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    if parts[1] != "processors":
+        return parts[1]
+    if len(parts) == 2:
+        return None  # the package itself
+    return parts[2] if parts[2] in ROOMS else RUNTIMES
 
 
 def test_every_import_points_down_the_layers() -> None:
@@ -65,25 +107,54 @@ def test_every_import_points_down_the_layers() -> None:
     assert not wrong, "imports against the layering of DESIGN section 9:\n" + "\n".join(wrong)
 
 
-def test_the_fold_imports_nothing_from_streams() -> None:
+def _room_problems(root: Path) -> list[str]:
     wrong: list[str] = []
-    for name in FOLD_MODULES:
-        path = PACKAGE / "processors" / f"{name}.py"
-        if not path.exists():
+    base = root / "torpor" / "processors"
+    for path in sorted(base.rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        room = _room(module)
+        if room is None:
             continue
-        wrong.extend(
-            f"torpor/processors/{name}.py imports {module}"
-            for module in _torpor_imports(path)
-            if _layer(module) in {"streams", "connectors", "cli"}
-        )
-    assert not wrong, "the fold must stay pure:\n" + "\n".join(wrong)
+        for imported in _imports(path, root):
+            if room == "fold" and imported.split(".")[0] in FOLD_FORBIDDEN:
+                wrong.append(f"{module} imports {imported}: the fold does no I/O")
+            target = _room(imported) if imported.startswith("torpor.") else None
+            if target is None or target == room or target not in ROOMS.keys() | ALLOWED.keys():
+                continue
+            if target not in ROOMS[room]:
+                wrong.append(f"{module} imports {imported} ({room} may not import {target})")
+    return wrong
+
+
+def test_the_rooms_of_processors_import_only_what_they_may() -> None:
+    wrong = _room_problems(PACKAGE.parent)
+    assert not wrong, "imports against the rooms of torpor.processors:\n" + "\n".join(wrong)
 
 
 def test_the_checker_sees_a_wrong_edge(tmp_path: Path) -> None:
     # Guard against a checker that can never fail: planted wrong imports are found.
     planted = tmp_path / "torpor" / "connectors" / "planted.py"
     planted.parent.mkdir(parents=True)
-    planted.write_text("from torpor.processors import fold\nfrom ..processors.fold import fold as f\n")
+    planted.write_text("from torpor.processors.fold import state\nfrom ..processors.store import kv\n")
     imports = _torpor_imports(planted, root=tmp_path)
-    assert imports == {"torpor.processors", "torpor.processors.fold"}
+    assert imports == {"torpor.processors.fold", "torpor.processors.store"}
     assert {_layer(m) for m in imports} - ALLOWED["connectors"] == {"processors"}
+
+
+def test_the_checker_sees_a_wrong_room(tmp_path: Path) -> None:
+    processors = tmp_path / "torpor" / "processors"
+    for room, text in {
+        "fold": "import time\nfrom torpor.processors.store import tables\n",
+        "store": "from torpor.streams.config import Settings\nfrom torpor.processors import step\n",
+        "models": "from torpor.processors.replay import Replayer\n",
+    }.items():
+        (processors / room).mkdir(parents=True)
+        (processors / room / "planted.py").write_text(text)
+    (processors / "step.py").write_text("from torpor.processors.fold import transitions\n")  # a runtime: fine
+    assert sorted(_room_problems(tmp_path)) == sorted([
+        "torpor.processors.fold.planted imports time: the fold does no I/O",
+        "torpor.processors.fold.planted imports torpor.processors.store (fold may not import store)",
+        "torpor.processors.store.planted imports torpor.streams.config (store may not import streams)",
+        "torpor.processors.store.planted imports torpor.processors.step (store may not import runtimes)",
+        "torpor.processors.models.planted imports torpor.processors.replay (models may not import runtimes)",
+    ])

@@ -19,8 +19,8 @@ from torpor.connectors.mcp_bridge import McpBridge, discover_blocking
 from torpor.connectors.router import ToolRouter
 from torpor.connectors.subprocess_tool import SubprocessTool
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
-from torpor.processors.model import ScriptedCall, ScriptedModel, ScriptedTurn, ScriptRule
-from torpor.processors.tables import read_entries
+from torpor.processors.models.provider import ScriptedCall, ScriptedModel, ScriptedTurn, ScriptRule
+from torpor.processors.store.tables import read_entries
 from torpor.schemas.records import (
     Budgets,
     Capability,

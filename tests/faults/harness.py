@@ -52,10 +52,10 @@ from confluent_kafka.admin import AdminClient
 
 from tests.waiting import wait_until
 from torpor.connectors.echo import ECHO_SPEC
-from torpor.processors.state import Status
+from torpor.processors.fold.state import Status
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.tables import load_state
 from torpor.schemas.codec import decode_value, encode_value
 from torpor.schemas.records import (
     AssistantEntry,

@@ -15,11 +15,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.processors.fold_scenarios import completion
-from torpor.processors.state import ThreadState
+from torpor.processors.fold.state import ThreadState
+from torpor.processors.fold.verify import KeyringVerifier
 from torpor.processors.step import StepOutput, StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state, read_entries
-from torpor.processors.verify import KeyringVerifier
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.tables import load_state, read_entries
 from torpor.schemas import signing
 from torpor.schemas.keyring import KeyRing, KeyVersion
 from torpor.schemas.records import Dispatch, Input, InputBody, Receipt, ToolCall

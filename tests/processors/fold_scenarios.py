@@ -14,7 +14,7 @@ import json
 from collections import deque
 from dataclasses import dataclass, field
 
-from torpor.processors.effects import (
+from torpor.processors.fold.effects import (
     AppendHistory,
     DispatchTool,
     Effect,
@@ -25,8 +25,8 @@ from torpor.processors.effects import (
     RequestCompletion,
     SpawnChild,
 )
-from torpor.processors.fold import fold
-from torpor.processors.state import Facts, ThreadState, Transition
+from torpor.processors.fold.state import Facts, ThreadState, Transition
+from torpor.processors.fold.transitions import fold
 from torpor.schemas.records import (
     VERIFIED,
     Budgets,

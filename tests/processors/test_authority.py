@@ -3,7 +3,7 @@
 Every test goes through `step` with a `KeyringVerifier`, exactly as the processor folds:
 an input arrives with some source, some key and some signature; the receipt, the
 thread's state and history, and the outbox say what it achieved. The expectations are
-written out here, not read from `torpor.processors.authority`, so a wrong table fails.
+written out here, not read from `torpor.processors.fold.authority`, so a wrong table fails.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from tests.processors.authority_rig import KEYS, RING, Rig
 from tests.processors.fold_scenarios import call, completion, config, control, create, result, user
-from torpor.processors import fold as fold_module
 from torpor.processors import step as step_module
-from torpor.processors.authority import AUTHORITY, PUBLIC_TENANT
-from torpor.processors.state import ThreadState
+from torpor.processors.fold import transitions as fold_module
+from torpor.processors.fold.authority import AUTHORITY, PUBLIC_TENANT
+from torpor.processors.fold.state import ThreadState
 from torpor.processors.step import StepRecord
 from torpor.schemas import signing
 from torpor.schemas.records import (

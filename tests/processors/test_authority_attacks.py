@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from tests.processors.authority_rig import KEYS, RING, ROTATED_AT, Rig
 from tests.processors.fold_scenarios import SEARCH, WATCH, call, completion, config, create, result, user
 from torpor.connectors.capability import check
-from torpor.processors import keys
-from torpor.processors.authority import PUBLIC_TENANT
+from torpor.processors.fold.authority import PUBLIC_TENANT
 from torpor.processors.step import StepRecord
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import SENDERS_KEPT, is_seen, with_sender
+from torpor.processors.store import keys
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.tables import SENDERS_KEPT, is_seen, with_sender
 from torpor.schemas import signing
 from torpor.schemas.ids import derive_id
 from torpor.schemas.keyring import KeyRing

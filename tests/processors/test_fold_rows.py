@@ -22,8 +22,8 @@ from tests.processors.fold_scenarios import (
     result,
     user,
 )
-from torpor.processors.fold import BODY_TYPES, TRANSITIONS
-from torpor.processors.state import Status
+from torpor.processors.fold.state import Status
+from torpor.processors.fold.transitions import BODY_TYPES, TRANSITIONS
 from torpor.schemas.records import (
     ApprovalDecision,
     ApprovalRequest,

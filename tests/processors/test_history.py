@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from torpor.processors.history import advance, chain
-from torpor.processors.state import GENESIS_HEAD
+from torpor.processors.fold.history import advance, chain
+from torpor.processors.fold.state import GENESIS_HEAD
 from torpor.schemas.codec import canonical_bytes
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 

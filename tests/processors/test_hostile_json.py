@@ -14,11 +14,11 @@ import pytest
 
 from tests.processors.fold_scenarios import SEARCH, completion, config, create, tool, user
 from tests.processors.test_verify import KEY, RING, _input
-from torpor.processors.state import Status
+from torpor.processors.fold.state import Status
+from torpor.processors.fold.verify import KeyringVerifier
 from torpor.processors.step import StepOutput, StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state, read_entries
-from torpor.processors.verify import KeyringVerifier
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.tables import load_state, read_entries
 from torpor.schemas import signing
 from torpor.schemas.records import (
     Input,
@@ -144,8 +144,8 @@ def test_a_backtracking_pattern_in_a_result_schema_gives_an_invalid_verdict_with
 
 
 def test_deep_arguments_in_history_still_map_to_a_provider_request() -> None:
-    from torpor.processors.providers.mapping_anthropic import _tool_input
-    from torpor.processors.providers.mapping_bedrock import _input_object
+    from torpor.processors.models.providers.mapping_anthropic import _tool_input
+    from torpor.processors.models.providers.mapping_bedrock import _input_object
 
     deep = _deep(50_000)
     assert _tool_input(deep) == {"invalid_arguments": deep} == _input_object(deep)

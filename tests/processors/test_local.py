@@ -17,13 +17,13 @@ import pytest
 
 from torpor.cli.local import DEMO, LocalRun, play
 from torpor.cli.scenario import load, parse
-from torpor.processors import keys
+from torpor.processors.fold.state import Status
 from torpor.processors.local import LocalConfig
-from torpor.processors.state import Status
-from torpor.processors.statecodec import decode_state
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state
+from torpor.processors.store import keys
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.statecodec import decode_state
+from torpor.processors.store.tables import load_state
 from torpor.schemas.records import (
     ApprovalDecision,
     ApprovalRequest,

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     EXHAUSTED,
     REMEMBERED_REQUESTS,
     CompletionRequest,

@@ -44,7 +44,7 @@ from tests.processors.test_processor import (
     _input,
     deployment,
 )
-from torpor.processors.providers.mapping_anthropic import REDACTED
+from torpor.processors.models.providers.mapping_anthropic import REDACTED
 from torpor.schemas.records import (
     AssistantEntry,
     Completion,

@@ -30,12 +30,12 @@ from tests.processors.test_processor import (
     _input,
 )
 from tests.waiting import wait_until
-from torpor.processors import keys
+from torpor.processors.fold.verify import SourceVerifier
 from torpor.processors.replay import LogRecord, Replayer, compare, read_log, thread_heads
-from torpor.processors.statecodec import decode_entry, encode_entry
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore, RocksStore
-from torpor.processors.verify import SourceVerifier
+from torpor.processors.store import keys
+from torpor.processors.store.kv import MemoryStore, RocksStore
+from torpor.processors.store.statecodec import decode_entry, encode_entry
 from torpor.schemas.codec import Codec, decode_value, encode_value
 from torpor.schemas.records import Input, TextBlock, UserEntry, UserMessage
 from torpor.streams.admin import ensure_topics

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from tests.processors.fold_scenarios import completion, control, create, user
-from torpor.processors.effects import RequestCompletion
-from torpor.processors.model import (
+from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.models.provider import (
     CompletionRequest,
     Finished,
     ModelInfo,
@@ -19,11 +19,11 @@ from torpor.processors.model import (
     ScriptRule,
     TextDelta,
 )
-from torpor.processors.providers.errors import RateLimitedError
-from torpor.processors.stage import ModelStage, StageConfig
+from torpor.processors.models.providers.errors import RateLimitedError
+from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import HistoryCache, load_state, visible_entries
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.tables import HistoryCache, load_state, visible_entries
 from torpor.schemas.records import Completion, Input, InputBody, TextBlock, ThreadEvent, Usage
 
 FAST = StageConfig(backoff_initial_s=0.001, backoff_max_s=0.002, max_attempts=3)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from tests.processors.fold_scenarios import config, create, user
-from torpor.processors.effects import RequestCompletion
-from torpor.processors.state import CallKind, PendingCall, Status, ThreadState
-from torpor.processors.statecodec import (
+from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.fold.state import CallKind, PendingCall, Status, ThreadState
+from torpor.processors.step import StepRecord, step
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.statecodec import (
     decode,
     decode_entry,
     decode_input,
@@ -18,9 +20,7 @@ from torpor.processors.statecodec import (
     encode_request,
     encode_state,
 )
-from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state, read_entries
+from torpor.processors.store.tables import load_state, read_entries
 from torpor.schemas.codec import decode_value
 from torpor.schemas.records import HistoryEntry, ImageBlock, Input, ThinkingBlock, UserMessage
 
@@ -94,7 +94,7 @@ def test_a_state_s_bytes_are_one_sorted_dump_of_its_fields() -> None:
     # of the plain canonical dump, or a replay (fresh process, cold memo) would differ.
     import json
 
-    from torpor.processors.statecodec import _record_to
+    from torpor.processors.store.statecodec import _record_to
 
     _, state = a_state()
     held = Input("m2", "t1", 6, "user:u", 99, "k", b"\x00\xff", create(config(), initial="\u00e9t\u00e9"))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tests.processors.fold_scenarios import call, completion, config, control, create, user
-from torpor.processors import keys
 from torpor.processors import step as step_module
-from torpor.processors.state import Status, ThreadState
-from torpor.processors.statecodec import decode_entry
+from torpor.processors.fold.state import Status, ThreadState
+from torpor.processors.fold.verify import SourceVerifier
 from torpor.processors.step import StepOutput, StepRecord, step
-from torpor.processors.store import MemoryStore, Overlay, Store
-from torpor.processors.tables import awaiting_requests, load_state, read_entries, visible_entries
-from torpor.processors.verify import SourceVerifier
+from torpor.processors.store import keys
+from torpor.processors.store.kv import MemoryStore, Overlay, Store
+from torpor.processors.store.statecodec import decode_entry
+from torpor.processors.store.tables import awaiting_requests, load_state, read_entries, visible_entries
 from torpor.schemas.records import (
     FORGED,
     UNSIGNED,
@@ -166,7 +166,7 @@ def test_model_visible_history_starts_at_the_latest_summary() -> None:
 
     said = [entry(i, UserEntry((TextBlock(f"line {i}"),), False)) for i in range(5)]
     summary = entry(5, SummaryEntry("the gist of 0..2", up_to_seq=3))
-    from torpor.processors.statecodec import encode_entry
+    from torpor.processors.store.statecodec import encode_entry
 
     for item in (*said, summary):
         overlay.put(keys.history_key("t1", item.seq), encode_entry(item))

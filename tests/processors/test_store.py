@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from torpor.processors import keys
-from torpor.processors.store import MemoryStore, Overlay, RocksStore, Store, StoreOffsets
+from torpor.processors.store import keys
+from torpor.processors.store.kv import MemoryStore, Overlay, RocksStore, Store, StoreOffsets
 
 StoreFactory = Callable[[], Store]
 

@@ -1,4 +1,4 @@
-"""The verifiers of `torpor.processors.verify`, and the fold's answer to each verdict.
+"""The verifiers of `torpor.processors.fold.verify`, and the fold's answer to each verdict.
 
 Every verdict is checked twice: what `KeyringVerifier.verify` says, and, through `step`
 over a real store, the receipt the input then gets and that history did not move.
@@ -15,12 +15,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.processors.fold_scenarios import OBJECT_SCHEMA, World, call, config, create, result, user
-from torpor.processors.authority import PUBLIC_TENANT
-from torpor.processors.state import PendingCall, ThreadState
+from torpor.processors.fold.authority import PUBLIC_TENANT
+from torpor.processors.fold.state import PendingCall, ThreadState
+from torpor.processors.fold.verify import KeyringVerifier, SourceVerifier
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore
-from torpor.processors.tables import load_state, read_entries
-from torpor.processors.verify import KeyringVerifier, SourceVerifier, processor_signer, verifier_for
+from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.tables import load_state, read_entries
+from torpor.processors.trust import trust_for, verifier_for
 from torpor.schemas import signing
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.keyring import KeyRing, KeyVersion, keyring_toml
@@ -289,7 +290,7 @@ def test_with_a_processor_key_unsigned_processor_inputs_are_refused(tmp_path: Pa
     loopback = _input(ParentMessage(parent_thread_id="p", spawn_call_id="s", text="hi"), source="processor")
     assert (judge.verify(loopback, state).provenance, judge.verify(loopback, state).reason) == (
         "unsigned", "missing_signature")
-    signer = processor_signer(settings)
+    signer = trust_for(settings).signer
     assert signer is not None
     assert judge.verify(signer.sign(loopback), state).provenance == "verified"
     # The processor may not write user text, signed or not: no role may claim another's body.
@@ -301,11 +302,11 @@ def test_a_processor_key_missing_from_the_ring_is_a_config_error(tmp_path: Path)
     processor = Ed25519PrivateKey.generate()
     ring = _ring_with_processor(tmp_path, Ed25519PrivateKey.generate())  # another public key
     with pytest.raises(ConfigError, match="has no version of key 'proc-1'"):
-        processor_signer(InputSettings(keyring=ring, processor_key_id="proc-1",
+        trust_for(InputSettings(keyring=ring, processor_key_id="proc-1",
                                        processor_key=_pem(tmp_path, processor)))
     wrong_source = _ring_with_processor(tmp_path, processor, source="connector:*")
     with pytest.raises(ConfigError, match="allowed for source 'processor'"):
-        processor_signer(InputSettings(keyring=wrong_source, processor_key_id="proc-1",
+        trust_for(InputSettings(keyring=wrong_source, processor_key_id="proc-1",
                                        processor_key=_pem(tmp_path, processor)))
 
 

@@ -17,7 +17,7 @@ from torpor.connectors.http_tool import HTTP_REQUEST_SPEC
 from torpor.connectors.subprocess_tool import RUN_COMMAND_SPEC
 from torpor.connectors.subscriptions import WATCH_SPEC
 from torpor.connectors.timers import TIMER_SPEC
-from torpor.processors.builtins import BUILTIN_TOOLS
+from torpor.processors.fold.builtins import BUILTIN_TOOLS
 from torpor.schemas.errors import InvalidSchemaError, JsonTextError, SchemaViolation
 from torpor.schemas.jsontext import (
     MAX_DEPTH,

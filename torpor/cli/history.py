@@ -25,7 +25,7 @@ from torpor.processors.replay import (
     restore_scratch,
     thread_head,
 )
-from torpor.processors.store import Store
+from torpor.processors.store.kv import Store
 from torpor.schemas.errors import TorporError
 from torpor.streams.clients import make_consumer
 from torpor.streams.config import Settings

@@ -27,7 +27,7 @@ from torpor.connectors.router import ToolRouter
 from torpor.connectors.subscriptions import WatchTool
 from torpor.connectors.timers import TimerConnector
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms, tune_collector
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     CompletionRequest,
     ModelProvider,
     ScriptedCall,

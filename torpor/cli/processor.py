@@ -24,9 +24,9 @@ from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import configure
 from torpor.cli.scenario import load
 from torpor.cli.settings import default_group, read_settings, settings_options
+from torpor.processors.models.providers.registry import ModelRouter
+from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.processors.processor import Processor, ProcessorConfig
-from torpor.processors.providers.registry import ModelRouter
-from torpor.processors.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError, TorporError
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin

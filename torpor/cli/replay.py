@@ -37,8 +37,8 @@ from torpor.processors.replay import (
     read_log,
     thread_heads,
 )
-from torpor.processors.store import Store
-from torpor.processors.verify import verifier_for
+from torpor.processors.store.kv import Store
+from torpor.processors.trust import verifier_for
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import TorporError
 from torpor.streams.clients import make_consumer

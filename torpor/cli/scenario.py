@@ -31,7 +31,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from torpor.processors.model import ScriptedCall, ScriptedTurn, ScriptRule
+from torpor.processors.models.provider import ScriptedCall, ScriptedTurn, ScriptRule
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.records import Usage
 

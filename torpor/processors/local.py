@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol, TypeVar
 
-from torpor.processors.model import ModelProvider
-from torpor.processors.stage import ModelStage, StageConfig
+from torpor.processors.fold.verify import Verifier
+from torpor.processors.models.provider import ModelProvider
+from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.step import StepOutput, StepRecord, step
-from torpor.processors.store import Change, MemoryStore, Overlay, RocksStore, Store, StoreOffsets
-from torpor.processors.tables import HistoryCache
-from torpor.processors.verify import Verifier
+from torpor.processors.store.kv import Change, MemoryStore, Overlay, RocksStore, Store, StoreOffsets
+from torpor.processors.store.tables import HistoryCache
 from torpor.schemas.records import Dispatch, Input, Receipt, ThreadConfig, ThreadEvent
 from torpor.streams.log import InProcessLog, LogRecord, LogTopic
 from torpor.streams.topics import Topic

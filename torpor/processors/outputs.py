@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from torpor.processors.receipts import RUNTIME_BUILD
-from torpor.processors.state import GENESIS_HEAD
+from torpor.processors.fold.receipts import RUNTIME_BUILD
+from torpor.processors.fold.state import GENESIS_HEAD
 from torpor.processors.step import StepOutput
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import DecodeError

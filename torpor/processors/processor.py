@@ -40,15 +40,16 @@ from typing import Final
 
 from confluent_kafka import Producer
 
-from torpor.processors.effects import RequestCompletion
+from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.fold.verify import Verifier
 from torpor.processors.local import now_ms, tune_collector
-from torpor.processors.model import ModelProvider
+from torpor.processors.models.provider import ModelProvider
+from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.outputs import OutputWriter
-from torpor.processors.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, size_problem, step
-from torpor.processors.store import Overlay, RocksStore, StoreOffsets
-from torpor.processors.tables import HistoryCache
-from torpor.processors.verify import Verifier, processor_signer, verifier_for
+from torpor.processors.store.kv import Overlay, RocksStore, StoreOffsets
+from torpor.processors.store.tables import HistoryCache
+from torpor.processors.trust import trust_for
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
@@ -298,9 +299,10 @@ class Processor:
         self.provider = provider
         self.topics = TopicNames.for_prefix(settings.topics.prefix)
         self.codec = codec or Codec.from_url(settings.schema_registry.url)
-        signer = processor_signer(settings.inputs)
+        trust = trust_for(settings.inputs)
+        signer = trust.signer
         self.writer = OutputWriter(self.topics, inputs_partitions, self.codec, signer)
-        self.verifier = verifier or verifier_for(settings.inputs)
+        self.verifier = verifier or trust.verifier
         self.max_input_bytes = settings.inputs.max_bytes
         self.default_config = default_config
         self.inputs_partitions = inputs_partitions

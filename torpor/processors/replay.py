@@ -44,13 +44,13 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from torpor.processors import keys
-from torpor.processors.history import advance
-from torpor.processors.state import GENESIS_HEAD
+from torpor.processors.fold.history import advance
+from torpor.processors.fold.state import GENESIS_HEAD
+from torpor.processors.fold.verify import Verifier
 from torpor.processors.step import StepRecord, size_problem, step
-from torpor.processors.store import MemoryStore, RocksStore, Store, StoreOffsets
-from torpor.processors.tables import load_state, read_entries
-from torpor.processors.verify import Verifier
+from torpor.processors.store import keys
+from torpor.processors.store.kv import MemoryStore, RocksStore, Store, StoreOffsets
+from torpor.processors.store.tables import load_state, read_entries
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError, RetriableError
 from torpor.schemas.records import (

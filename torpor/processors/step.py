@@ -40,7 +40,7 @@ thread holding inputs past `STATE_HOLD_MAX_BYTES`, or send an input over
 cut to its most recent entries that fit one input (`_creation`). The bounds are
 constants, not settings, so a replay refuses exactly what the live run refused.
 
-Provenance: `Verifier.verify(input, state)` (`torpor.processors.verify`) gives the
+Provenance: `Verifier.verify(input, state)` (`torpor.processors.fold.verify`) gives the
 verdict the fold sees, judged against the state loaded in 1. `SourceVerifier`, the
 default, is development mode: nothing is checked. The processor runs `KeyringVerifier`
 when a key ring is configured.
@@ -55,8 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, assert_never
 
-from torpor.processors import keys
-from torpor.processors.effects import (
+from torpor.processors.fold.effects import (
     AppendHistory,
     DispatchTool,
     EmitEvent,
@@ -66,12 +65,13 @@ from torpor.processors.effects import (
     RequestCompletion,
     SpawnChild,
 )
-from torpor.processors.fold import fold, park_on_failure, refuse_at_door, refuse_whole
-from torpor.processors.state import Facts, Status, ThreadState, Transition
-from torpor.processors.statecodec import encode_entry, encode_request, encode_state
-from torpor.processors.store import Change, Overlay, Store
-from torpor.processors.tables import is_seen, load_state, visible_entries, with_sender
-from torpor.processors.verify import PROCESSOR_SOURCE, SourceVerifier, Verifier
+from torpor.processors.fold.state import Facts, Status, ThreadState, Transition
+from torpor.processors.fold.transitions import fold, park_on_failure, refuse_at_door, refuse_whole
+from torpor.processors.fold.verify import PROCESSOR_SOURCE, SourceVerifier, Verifier
+from torpor.processors.store import keys
+from torpor.processors.store.kv import Change, Overlay, Store
+from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state
+from torpor.processors.store.tables import is_seen, load_state, visible_entries, with_sender
 from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (

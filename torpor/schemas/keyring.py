@@ -45,7 +45,7 @@ End a key's use by giving it a `valid_until` instead.
 Grants. A key that signs a root `CreateThread` grants the new thread its capability:
 the thread's tenant must match the key's `tenants`, each of its tools the key's `tools`,
 and each of its scopes the key's `scopes`, which default to none (a key grants no scope
-unless it says so). `torpor.processors.authority` applies this.
+unless it says so). `torpor.processors.fold.authority` applies this.
 
 Unknown fields in an entry are refused (a misspelt ``source =`` would otherwise widen
 nothing and narrow nothing silently).

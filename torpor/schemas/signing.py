@@ -70,7 +70,7 @@ request id) is the processor's check, made with the thread's state.
 Which sources sign. `SigningPolicy.required_sources` (default ``connector:*``, ``timer``,
 ``operator:*``) must sign; an unsigned input from them is `unsigned` /
 `missing_signature`. This is the rule a reader of the envelope alone can apply. The
-processor applies a stricter one before it gets here (`torpor.processors.authority`):
+processor applies a stricter one before it gets here (`torpor.processors.fold.authority`):
 each body type may come only from certain roles, every role but `user` signs
 (`processor` included: a key ring needs a processor key), and a thread's tenant and
 scopes must be granted by the key that signed its creation (docs/security.md). A source

@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
-from torpor.processors.model import CompletionRequest, Finished, ModelOutput, TextDelta
+from torpor.processors.models.provider import CompletionRequest, Finished, ModelOutput, TextDelta
 from torpor.schemas.records import (
     AssistantEntry,
     EventEntry,

@@ -9,10 +9,19 @@ import pytest
 
 from tests.processors.providers import wire
 from tests.processors.providers.samples import WEATHER, collect, history, request, result, run, user
-from torpor.processors.model import CompletionRequest, Finished, PermanentModelError, TransientModelError
-from torpor.processors.providers.anthropic_provider import AnthropicProvider, anthropic_client
-from torpor.processors.providers.errors import IncompleteStreamError, RateLimitedError, StreamStalledError
-from torpor.processors.providers.settings import EndpointSettings
+from torpor.processors.models.provider import (
+    CompletionRequest,
+    Finished,
+    PermanentModelError,
+    TransientModelError,
+)
+from torpor.processors.models.providers.anthropic_provider import AnthropicProvider, anthropic_client
+from torpor.processors.models.providers.errors import (
+    IncompleteStreamError,
+    RateLimitedError,
+    StreamStalledError,
+)
+from torpor.processors.models.providers.settings import EndpointSettings
 from torpor.schemas.records import AssistantEntry, TextBlock, ThinkingBlock, ToolCall, Usage
 from torpor.streams.config import Secret
 

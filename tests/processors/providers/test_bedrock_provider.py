@@ -16,16 +16,20 @@ from tests.processors.providers import bedrock_wire as bw
 from tests.processors.providers import wire
 from tests.processors.providers.samples import WEATHER, collect, history, request, result, run, user
 from tests.waiting import wait_until
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     CompletionRequest,
     Finished,
     PermanentModelError,
     TextDelta,
     TransientModelError,
 )
-from torpor.processors.providers.bedrock_provider import BedrockProvider, bedrock_client
-from torpor.processors.providers.errors import IncompleteStreamError, RateLimitedError, StreamStalledError
-from torpor.processors.providers.settings import BedrockSettings, EndpointSettings
+from torpor.processors.models.providers.bedrock_provider import BedrockProvider, bedrock_client
+from torpor.processors.models.providers.errors import (
+    IncompleteStreamError,
+    RateLimitedError,
+    StreamStalledError,
+)
+from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.records import AssistantEntry, TextBlock, ThinkingBlock, ToolCall, Usage
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.processors.providers import bedrock_wire, wire
 from tests.processors.providers.samples import WEATHER, collect, history, request, run, user
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     ModelProvider,
     PermanentModelError,
     ScriptedCall,
@@ -25,10 +25,10 @@ from torpor.processors.model import (
     ScriptRule,
     TransientModelError,
 )
-from torpor.processors.providers.anthropic_provider import AnthropicProvider, anthropic_client
-from torpor.processors.providers.bedrock_provider import BedrockProvider, bedrock_client
-from torpor.processors.providers.openai_compat import OpenAICompatProvider, openai_client
-from torpor.processors.providers.settings import BedrockSettings, EndpointSettings
+from torpor.processors.models.providers.anthropic_provider import AnthropicProvider, anthropic_client
+from torpor.processors.models.providers.bedrock_provider import BedrockProvider, bedrock_client
+from torpor.processors.models.providers.openai_compat import OpenAICompatProvider, openai_client
+from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings
 from torpor.schemas.records import TextBlock
 
 CITY: Final = '{"city": "Paris"}'

@@ -6,8 +6,8 @@ import email.utils
 
 import pytest
 
-from torpor.processors.model import PermanentModelError, TransientModelError
-from torpor.processors.providers.errors import RateLimitedError, classify_status, retry_after_s
+from torpor.processors.models.provider import PermanentModelError, TransientModelError
+from torpor.processors.models.providers.errors import RateLimitedError, classify_status, retry_after_s
 
 
 @pytest.mark.parametrize(

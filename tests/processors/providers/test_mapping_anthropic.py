@@ -21,16 +21,16 @@ from tests.processors.providers.samples import (
     result,
     user,
 )
-from torpor.processors.model import Finished
-from torpor.processors.providers.errors import IncompleteStreamError
-from torpor.processors.providers.mapping_anthropic import (
+from torpor.processors.models.provider import Finished
+from torpor.processors.models.providers.errors import IncompleteStreamError
+from torpor.processors.models.providers.mapping_anthropic import (
     EMPTY,
     REDACTED,
     MessageTurn,
     anthropic_messages,
     anthropic_tools,
 )
-from torpor.processors.providers.turns import IMAGE_OMITTED, SUMMARY_HEADER
+from torpor.processors.models.providers.turns import IMAGE_OMITTED, SUMMARY_HEADER
 from torpor.schemas.records import INJECTED_TOOL, TextBlock, ThinkingBlock, ToolCall, Usage
 
 A = ToolCall("call-a", "get_weather", '{"city": "Paris"}')

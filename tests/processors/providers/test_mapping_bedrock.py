@@ -20,9 +20,9 @@ from tests.processors.providers.samples import (
     result,
     user,
 )
-from torpor.processors.model import Finished
-from torpor.processors.providers.errors import IncompleteStreamError
-from torpor.processors.providers.mapping_bedrock import (
+from torpor.processors.models.provider import Finished
+from torpor.processors.models.providers.errors import IncompleteStreamError
+from torpor.processors.models.providers.mapping_bedrock import (
     BLANK,
     OPEN_SCHEMA,
     OPENING,
@@ -32,7 +32,7 @@ from torpor.processors.providers.mapping_bedrock import (
     converse_messages,
     converse_tools,
 )
-from torpor.processors.providers.turns import IMAGE_OMITTED, NO_RESULT, SUMMARY_HEADER
+from torpor.processors.models.providers.turns import IMAGE_OMITTED, NO_RESULT, SUMMARY_HEADER
 from torpor.schemas.records import (
     INJECTED_TOOL,
     AssistantEntry,

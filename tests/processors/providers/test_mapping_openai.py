@@ -21,10 +21,10 @@ from tests.processors.providers.samples import (
     result,
     user,
 )
-from torpor.processors.model import Finished
-from torpor.processors.providers.errors import IncompleteStreamError
-from torpor.processors.providers.mapping_openai import ChatTurn, chat_messages, chat_tools
-from torpor.processors.providers.turns import ERROR_PREFIX, IMAGE_OMITTED, SUMMARY_HEADER
+from torpor.processors.models.provider import Finished
+from torpor.processors.models.providers.errors import IncompleteStreamError
+from torpor.processors.models.providers.mapping_openai import ChatTurn, chat_messages, chat_tools
+from torpor.processors.models.providers.turns import ERROR_PREFIX, IMAGE_OMITTED, SUMMARY_HEADER
 from torpor.schemas.records import (
     INJECTED_TOOL,
     ImageBlock,

@@ -18,10 +18,19 @@ from tests.processors.providers.samples import (
     run,
     user,
 )
-from torpor.processors.model import CompletionRequest, Finished, PermanentModelError, TransientModelError
-from torpor.processors.providers.errors import IncompleteStreamError, RateLimitedError, StreamStalledError
-from torpor.processors.providers.openai_compat import OpenAICompatProvider, openai_client
-from torpor.processors.providers.settings import EndpointSettings
+from torpor.processors.models.provider import (
+    CompletionRequest,
+    Finished,
+    PermanentModelError,
+    TransientModelError,
+)
+from torpor.processors.models.providers.errors import (
+    IncompleteStreamError,
+    RateLimitedError,
+    StreamStalledError,
+)
+from torpor.processors.models.providers.openai_compat import OpenAICompatProvider, openai_client
+from torpor.processors.models.providers.settings import EndpointSettings
 from torpor.schemas.records import AssistantEntry, TextBlock, ToolCall, Usage
 from torpor.streams.config import Secret
 

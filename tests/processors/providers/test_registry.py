@@ -10,11 +10,11 @@ import pytest
 
 from tests.processors.providers import bedrock_wire, wire
 from tests.processors.providers.samples import collect, history, request, run, user
-from torpor.processors.model import PermanentModelError, ScriptedModel, ScriptedTurn, ScriptRule
-from torpor.processors.providers.anthropic_provider import AnthropicProvider
-from torpor.processors.providers.bedrock_provider import BedrockProvider
-from torpor.processors.providers.openai_compat import OpenAICompatProvider
-from torpor.processors.providers.registry import (
+from torpor.processors.models.provider import PermanentModelError, ScriptedModel, ScriptedTurn, ScriptRule
+from torpor.processors.models.providers.anthropic_provider import AnthropicProvider
+from torpor.processors.models.providers.bedrock_provider import BedrockProvider
+from torpor.processors.models.providers.openai_compat import OpenAICompatProvider
+from torpor.processors.models.providers.registry import (
     BEDROCK_EXTRA,
     Backend,
     ModelRef,
@@ -22,7 +22,7 @@ from torpor.processors.providers.registry import (
     parse_model,
     provider_for,
 )
-from torpor.processors.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
+from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.records import TextBlock
 from torpor.streams.config import Secret
@@ -90,9 +90,9 @@ _WITHOUT_BOTO3 = textwrap.dedent(
     """
     import asyncio, sys
     sys.modules["boto3"] = None  # what `import boto3` meets when the extra is not installed
-    from torpor.processors.model import PermanentModelError, ScriptedTurn, ScriptRule
-    from torpor.processors.providers.registry import ModelRouter, provider_for
-    from torpor.processors.providers.settings import BedrockSettings, ProviderSettings
+    from torpor.processors.models.provider import PermanentModelError, ScriptedTurn, ScriptRule
+    from torpor.processors.models.providers.registry import ModelRouter, provider_for
+    from torpor.processors.models.providers.settings import BedrockSettings, ProviderSettings
     from torpor.schemas.errors import ConfigError
     from tests.processors.providers.samples import collect, history, request, user
 

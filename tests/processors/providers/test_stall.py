@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from torpor.processors.providers.errors import StreamStalledError
-from torpor.processors.providers.stall import within
+from torpor.processors.models.providers.errors import StreamStalledError
+from torpor.processors.models.providers.stall import within
 
 
 def test_nothing_within_the_timeout_is_a_stall() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.processors.providers.samples import SUMMARY, assistant, event, history, result, user
-from torpor.processors.providers.turns import (
+from torpor.processors.models.providers.turns import (
     IMAGE_OMITTED,
     NO_RESULT,
     SUMMARY_HEADER,

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 from tests.processors.fold_scenarios import config, create
 from tests.processors.providers import wire
-from torpor.processors.effects import RequestCompletion
-from torpor.processors.providers.registry import ModelRouter
-from torpor.processors.providers.settings import EndpointSettings, ProviderSettings
-from torpor.processors.stage import ModelStage, StageConfig
+from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.models.providers.registry import ModelRouter
+from torpor.processors.models.providers.settings import EndpointSettings, ProviderSettings
+from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import MemoryStore
+from torpor.processors.store.kv import MemoryStore
 from torpor.schemas.records import Completion, Input, InputBody, ThreadEvent, ToolCall
 
 FAST = StageConfig(backoff_initial_s=0.001, backoff_max_s=0.002, max_attempts=3)

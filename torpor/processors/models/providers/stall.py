@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from torpor.processors.providers.errors import StreamStalledError
+from torpor.processors.models.providers.errors import StreamStalledError
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from torpor.processors.state import GENESIS_HEAD, Facts, ThreadState
+from torpor.processors.fold.state import GENESIS_HEAD, Facts, ThreadState
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Input, Receipt
 

@@ -4,7 +4,7 @@
 history rows). It is a frozen value: `fold` never mutates it, it returns a new one
 inside a `Transition`. Every field is a primitive, a tuple, a wire record from
 `torpor.schemas.records`, or one of the small frozen records below, so the shell can
-serialise it deterministically. Only `torpor.processors.fold` assigns `status`.
+serialise it deterministically. Only `torpor.processors.fold.transitions` assigns `status`.
 
 Field contract for the shell (store, local mode, model stage):
 - `history_len` and `head` describe the stored history: entries `0 .. history_len-1`,
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from torpor.processors.effects import Effect
+from torpor.processors.fold.effects import Effect
 from torpor.schemas.records import VERIFIED, Input, ThreadConfig
 
 GENESIS_HEAD: Final = "0" * 64

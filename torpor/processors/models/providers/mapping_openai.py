@@ -33,9 +33,16 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
-from torpor.processors.model import Finished
-from torpor.processors.providers.errors import IncompleteStreamError
-from torpor.processors.providers.turns import ERROR_PREFIX, Answered, Result, Results, Said, conversation
+from torpor.processors.models.provider import Finished
+from torpor.processors.models.providers.errors import IncompleteStreamError
+from torpor.processors.models.providers.turns import (
+    ERROR_PREFIX,
+    Answered,
+    Result,
+    Results,
+    Said,
+    conversation,
+)
 from torpor.schemas.records import (
     AssistantBlock,
     ContentBlock,

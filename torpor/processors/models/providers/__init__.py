@@ -1,4 +1,4 @@
-"""Model providers behind the `torpor.processors.model.ModelProvider` seam.
+"""Model providers behind the `torpor.processors.models.provider.ModelProvider` seam.
 
 - `openai_compat.OpenAICompatProvider`: OpenAI and every OpenAI-compatible server
   (vLLM, Ollama, llama.cpp, LiteLLM), streaming chat completions with tools;
@@ -20,11 +20,21 @@ Failures are classified in `errors` (extending the seam's `TransientModelError` 
 
 from __future__ import annotations
 
-from torpor.processors.providers.anthropic_provider import AnthropicProvider
-from torpor.processors.providers.errors import IncompleteStreamError, RateLimitedError, StreamStalledError
-from torpor.processors.providers.openai_compat import OpenAICompatProvider
-from torpor.processors.providers.registry import Backend, ModelRef, ModelRouter, parse_model, provider_for
-from torpor.processors.providers.settings import EndpointSettings, ProviderSettings
+from torpor.processors.models.providers.anthropic_provider import AnthropicProvider
+from torpor.processors.models.providers.errors import (
+    IncompleteStreamError,
+    RateLimitedError,
+    StreamStalledError,
+)
+from torpor.processors.models.providers.openai_compat import OpenAICompatProvider
+from torpor.processors.models.providers.registry import (
+    Backend,
+    ModelRef,
+    ModelRouter,
+    parse_model,
+    provider_for,
+)
+from torpor.processors.models.providers.settings import EndpointSettings, ProviderSettings
 
 __all__ = [
     "AnthropicProvider",

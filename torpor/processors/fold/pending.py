@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from torpor.processors import builtins as b
-from torpor.processors.children import COMPACTION, child_config, safe_point
-from torpor.processors.draft import Draft, text
-from torpor.processors.state import (
+from torpor.processors.fold import builtins as b
+from torpor.processors.fold.children import COMPACTION, child_config, safe_point
+from torpor.processors.fold.draft import Draft, text
+from torpor.processors.fold.state import (
     CallKind,
     ChildRef,
     Compaction,

@@ -41,7 +41,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     CompletionRequest,
     ModelError,
     ModelInfo,
@@ -50,10 +50,10 @@ from torpor.processors.model import (
     TextDelta,
     TransientModelError,
 )
-from torpor.processors.providers.errors import IncompleteStreamError, classify_bedrock
-from torpor.processors.providers.mapping_bedrock import ConverseTurn, converse_messages, converse_tools
-from torpor.processors.providers.settings import BedrockSettings, api_model_name
-from torpor.processors.providers.stall import within
+from torpor.processors.models.providers.errors import IncompleteStreamError, classify_bedrock
+from torpor.processors.models.providers.mapping_bedrock import ConverseTurn, converse_messages, converse_tools
+from torpor.processors.models.providers.settings import BedrockSettings, api_model_name
+from torpor.processors.models.providers.stall import within
 from torpor.schemas.errors import ConfigError
 
 if TYPE_CHECKING:

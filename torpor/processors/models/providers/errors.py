@@ -1,6 +1,6 @@
 """The provider failures the model seam does not name, and how HTTP failures map onto it.
 
-Everything here is a subclass of the seam's own classes (`torpor.processors.model`), so
+Everything here is a subclass of the seam's own classes (`torpor.processors.models.provider`), so
 the model stage, which retries `TransientModelError` and fails on `PermanentModelError`,
 needs no change to handle them::
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
-from torpor.processors.model import ModelError, PermanentModelError, TransientModelError
+from torpor.processors.models.provider import ModelError, PermanentModelError, TransientModelError
 
 
 class RateLimitedError(TransientModelError):

@@ -31,7 +31,7 @@ import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionChunk
 
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     CompletionRequest,
     ModelError,
     ModelInfo,
@@ -40,10 +40,10 @@ from torpor.processors.model import (
     TextDelta,
     TransientModelError,
 )
-from torpor.processors.providers.errors import IncompleteStreamError, classify_status
-from torpor.processors.providers.mapping_openai import ChatTurn, chat_messages, chat_tools
-from torpor.processors.providers.settings import EndpointSettings, api_model_name
-from torpor.processors.providers.stall import within
+from torpor.processors.models.providers.errors import IncompleteStreamError, classify_status
+from torpor.processors.models.providers.mapping_openai import ChatTurn, chat_messages, chat_tools
+from torpor.processors.models.providers.settings import EndpointSettings, api_model_name
+from torpor.processors.models.providers.stall import within
 
 PREFIX: Final = "openai"
 DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"

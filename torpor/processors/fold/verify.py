@@ -9,7 +9,7 @@ receipt whose `reason` is the verdict's: nothing reaches history and the partiti
 `KeyringVerifier(ring)`, what the processor runs when a key ring is configured, checks in
 this order:
 
-0. authority (`torpor.processors.authority`): the source names a role that may produce
+0. authority (`torpor.processors.fold.authority`): the source names a role that may produce
    this body, and that role signs here (with a key ring every role but `user` always
    does: `processor` included); an unsigned user may only touch `PUBLIC_TENANT`
    threads;
@@ -36,27 +36,21 @@ chooses and a replay reads back unchanged. So a replay of the `inputs` topic wit
 key ring judges every input exactly as the live processor did, even after a key rotation.
 Oversized inputs never get here: the processor parks them by their encoded size.
 
-`verifier_for(settings)` builds what a processor runs: `KeyringVerifier` over the key
-ring file of `[inputs] keyring` / `TORPOR_KEYRING` (read once, at start: an unreadable
-or invalid file is a `ConfigError`), else `SourceVerifier`, with a warning. A key ring
-needs a processor key (`TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`; a
-`ConfigError` without one): `processor_signer(settings)` is the signer the processor
-signs its loopbacks and completions with (its public key must be in the ring, with
-source `processor`), and unsigned inputs claiming to be the processor's are refused.
+Which verifier a processor runs, and the key it signs its own inputs with, are read from
+its settings by `torpor.processors.trust` (a runtime's concern: files and settings).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Final, Protocol
 
-from torpor.processors.authority import authority_verdict, grant_verdict
-from torpor.processors.builtins import TIMER_TOOL
-from torpor.processors.state import ThreadState
+from torpor.processors.fold.authority import authority_verdict, grant_verdict
+from torpor.processors.fold.builtins import TIMER_TOOL
+from torpor.processors.fold.state import ThreadState
 from torpor.schemas import signing
-from torpor.schemas.errors import ConfigError, InvalidSchemaError, JsonTextError, SchemaViolation
+from torpor.schemas.errors import InvalidSchemaError, JsonTextError, SchemaViolation
 from torpor.schemas.jsontext import compile_schema, parse_json
-from torpor.schemas.keyring import KeyRing, load_keyring
+from torpor.schemas.keyring import KeyRing
 from torpor.schemas.records import (
     INVALID,
     UNBOUND,
@@ -69,56 +63,12 @@ from torpor.schemas.records import (
     ToolEvent,
     ToolResult,
 )
-from torpor.schemas.signer import Signer, SignerSettings
 from torpor.schemas.signing import Verdict
-from torpor.streams.config import InputSettings
-
-log = logging.getLogger(__name__)
 
 NO_KEYRING: Final = "no_keyring"
 PROCESSOR_SOURCE: Final = "processor"  # what the processor's own inputs say they come from
 REQUEST_ID_MISMATCH: Final = "request_id_mismatch"
 RESULT_SCHEMA: Final = "result_schema"
-
-
-def verifier_for(settings: InputSettings) -> Verifier:
-    """The verifier a processor with `settings` runs (module docstring)."""
-    if settings.keyring is None:
-        log.warning("no key ring configured (TORPOR_KEYRING): development mode, input signatures "
-                    "are not verified and unsigned connector, timer and operator inputs are accepted")
-        return SourceVerifier()
-    ring = load_keyring(settings.keyring)
-    if settings.processor_key_id is None:
-        raise ConfigError(
-            f"key ring {settings.keyring} is configured but the processor has no key of its own: its "
-            "completions and loopbacks must be signed, or anyone who may produce to the inputs topic "
-            "could forge them. Make one with `torpor keys new --id <id> --source processor --keyring "
-            f"{settings.keyring} ...` and set TORPOR_PROCESSOR_KEY_ID and TORPOR_PROCESSOR_KEY"
-        )
-    log.info("verifying inputs against key ring %s (%d key versions%s)", settings.keyring, len(ring),
-             "; users must sign" if ring.users_must_sign else "")
-    return KeyringVerifier(ring)
-
-
-def processor_signer(settings: InputSettings) -> Signer | None:
-    """The processor's own signer, checked against the key ring; None without a processor key.
-
-    Raises `ConfigError` if the key file cannot be loaded, or the ring has no version of
-    the key id with this public key allowed to sign for source `processor`.
-    """
-    if settings.processor_key_id is None or settings.processor_key is None or settings.keyring is None:
-        return None
-    signer = Signer.from_settings(SignerSettings(settings.processor_key_id, settings.processor_key))
-    ring = load_keyring(settings.keyring)
-    if not any(v.public_key == signer.public_key and v.may_sign_source(PROCESSOR_SOURCE)
-               for v in ring.versions(signer.key_id)):
-        raise ConfigError(
-            f"key ring {settings.keyring} has no version of key {signer.key_id!r} with this processor "
-            f"key's public key ({signer.fingerprint}) allowed for source {PROCESSOR_SOURCE!r}: add it "
-            f"with `torpor keys new --id {signer.key_id} --source {PROCESSOR_SOURCE} --keyring "
-            f"{settings.keyring} ...` (or append the entry `torpor keys show` prints)"
-        )
-    return signer
 
 
 class Verifier(Protocol):

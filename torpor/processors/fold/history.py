@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 
-from torpor.processors.state import GENESIS_HEAD
+from torpor.processors.fold.state import GENESIS_HEAD
 from torpor.schemas.codec import canonical_bytes
 from torpor.schemas.records import HistoryEntry
 

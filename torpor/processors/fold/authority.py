@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from torpor.processors.state import ThreadState
+from torpor.processors.fold.state import ThreadState
 from torpor.schemas.keyring import KeyRing
 from torpor.schemas.records import (
     FORGED,

@@ -39,9 +39,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
-from torpor.processors.model import Finished
-from torpor.processors.providers.errors import IncompleteStreamError
-from torpor.processors.providers.turns import Answered, Results, Said, conversation
+from torpor.processors.models.provider import Finished
+from torpor.processors.models.providers.errors import IncompleteStreamError
+from torpor.processors.models.providers.turns import Answered, Results, Said, conversation
 from torpor.schemas.jsontext import parse_json
 from torpor.schemas.records import (
     AssistantBlock,

@@ -11,10 +11,17 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-from torpor.processors import builtins as b
-from torpor.processors.children import CHILD, COMPACTION, EVENT, TERMINAL_REPORTS, child_config, safe_point
-from torpor.processors.draft import Draft, json_text, text
-from torpor.processors.pending import (
+from torpor.processors.fold import builtins as b
+from torpor.processors.fold.children import (
+    CHILD,
+    COMPACTION,
+    EVENT,
+    TERMINAL_REPORTS,
+    child_config,
+    safe_point,
+)
+from torpor.processors.fold.draft import Draft, json_text, text
+from torpor.processors.fold.pending import (
     body_of,
     defer,
     end_call,
@@ -28,7 +35,7 @@ from torpor.processors.pending import (
     unmatched,
     wake,
 )
-from torpor.processors.state import (
+from torpor.processors.fold.state import (
     CallKind,
     ChildRef,
     PendingApproval,

@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from torpor.processors import keys
-from torpor.processors.effects import RequestCompletion
-from torpor.processors.history import chain
-from torpor.processors.state import ThreadState
-from torpor.processors.statecodec import decode_entry, decode_request, decode_state
-from torpor.processors.store import Store
+from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.fold.history import chain
+from torpor.processors.fold.state import ThreadState
+from torpor.processors.store import keys
+from torpor.processors.store.kv import Store
+from torpor.processors.store.statecodec import decode_entry, decode_request, decode_state
 from torpor.schemas.records import HistoryEntry, SummaryEntry
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
-from torpor.processors.state import ThreadState
+from torpor.processors.fold.state import ThreadState
 from torpor.schemas.records import ParentLink, ThreadConfig
 
 CHILD: Final = "child"

@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Final
 
-from torpor.processors import builtins as b
-from torpor.processors.children import CHILD, child_config, is_root
-from torpor.processors.draft import Draft, json_text, text
-from torpor.processors.state import CallKind, ChildRef, PendingCall, with_answered
+from torpor.processors.fold import builtins as b
+from torpor.processors.fold.children import CHILD, child_config, is_root
+from torpor.processors.fold.draft import Draft, json_text, text
+from torpor.processors.fold.state import CallKind, ChildRef, PendingCall, with_answered
 from torpor.schemas.errors import InvalidSchemaError, JsonTextError, SchemaViolation
 from torpor.schemas.jsontext import compile_schema, parse_json
 from torpor.schemas.records import (

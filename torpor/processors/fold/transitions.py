@@ -69,15 +69,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from torpor.processors import builtins as b
-from torpor.processors.calls import CallOutcome, run_call
-from torpor.processors.children import (
+from torpor.processors.fold import builtins as b
+from torpor.processors.fold.calls import CallOutcome, run_call
+from torpor.processors.fold.children import (
     COMPACTION,
     TERMINAL_REPORTS,
 )
-from torpor.processors.draft import Draft
-from torpor.processors.effects import Effect, EmitReceipt, RememberInput
-from torpor.processors.inbound import (
+from torpor.processors.fold.draft import Draft
+from torpor.processors.fold.effects import Effect, EmitReceipt, RememberInput
+from torpor.processors.fold.inbound import (
     on_approval_decision,
     on_approval_request,
     on_child_report,
@@ -88,7 +88,7 @@ from torpor.processors.inbound import (
     on_tool_result,
     on_user_message,
 )
-from torpor.processors.pending import (
+from torpor.processors.fold.pending import (
     body_of,
     cancel_call,
     cancel_work,
@@ -99,8 +99,8 @@ from torpor.processors.pending import (
     start_compaction,
     stop_children,
 )
-from torpor.processors.receipts import build_receipt
-from torpor.processors.state import (
+from torpor.processors.fold.receipts import build_receipt
+from torpor.processors.fold.state import (
     GENESIS_HEAD,
     Facts,
     Status,

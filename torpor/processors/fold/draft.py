@@ -17,7 +17,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from torpor.processors.effects import (
+from torpor.processors.fold.effects import (
     AppendHistory,
     DispatchTool,
     Effect,
@@ -26,8 +26,8 @@ from torpor.processors.effects import (
     RequestCompletion,
     SpawnChild,
 )
-from torpor.processors.history import advance
-from torpor.processors.state import Facts, ThreadState
+from torpor.processors.fold.history import advance
+from torpor.processors.fold.state import Facts, ThreadState
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
     ContentBlock,

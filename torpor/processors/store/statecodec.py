@@ -42,8 +42,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Final, TypeVar
 
-from torpor.processors.effects import RequestCompletion
-from torpor.processors.state import ThreadState
+from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.fold.state import ThreadState
 from torpor.schemas.codec import decode_value, encode_value
 from torpor.schemas.records import HistoryEntry, Input, ThreadConfig
 

@@ -40,9 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from torpor.processors.builtins import BUILTIN_TOOLS
-from torpor.processors.effects import RequestCompletion
-from torpor.processors.model import (
+from torpor.processors.fold.builtins import BUILTIN_TOOLS
+from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.fold.state import Status
+from torpor.processors.models.provider import (
     CompletionRequest,
     Finished,
     ModelError,
@@ -51,9 +52,8 @@ from torpor.processors.model import (
     TextDelta,
     TransientModelError,
 )
-from torpor.processors.state import Status
-from torpor.processors.store import Store
-from torpor.processors.tables import HistoryCache, awaiting_requests, load_state
+from torpor.processors.store.kv import Store
+from torpor.processors.store.tables import HistoryCache, awaiting_requests, load_state
 from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, Usage

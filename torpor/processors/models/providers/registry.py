@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     CompletionRequest,
     ModelInfo,
     ModelOutput,
@@ -38,15 +38,15 @@ from torpor.processors.model import (
     ScriptedModel,
     ScriptRule,
 )
-from torpor.processors.providers.anthropic_provider import AnthropicProvider, anthropic_client
-from torpor.processors.providers.openai_compat import OpenAICompatProvider, openai_client
-from torpor.processors.providers.settings import BedrockSettings, ProviderSettings
+from torpor.processors.models.providers.anthropic_provider import AnthropicProvider, anthropic_client
+from torpor.processors.models.providers.openai_compat import OpenAICompatProvider, openai_client
+from torpor.processors.models.providers.settings import BedrockSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError
 
 if TYPE_CHECKING:
     from mypy_boto3_bedrock_runtime import BedrockRuntimeClient
 
-    from torpor.processors.providers.bedrock_provider import BedrockProvider
+    from torpor.processors.models.providers.bedrock_provider import BedrockProvider
 
 BEDROCK_EXTRA: Final = "pip install 'torpor[bedrock]'"
 
@@ -94,7 +94,7 @@ def bedrock_adapter() -> tuple[type[BedrockProvider], Callable[[BedrockSettings]
     Raises `ConfigError` if boto3 is not installed.
     """
     try:
-        from torpor.processors.providers.bedrock_provider import BedrockProvider, bedrock_client
+        from torpor.processors.models.providers.bedrock_provider import BedrockProvider, bedrock_client
     except ImportError as exc:
         raise ConfigError(
             f"a bedrock: model needs boto3, which is not installed ({exc.name} is missing): {BEDROCK_EXTRA}"

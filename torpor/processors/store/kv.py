@@ -32,7 +32,7 @@ from typing import Final, Protocol
 
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
-from torpor.processors import keys
+from torpor.processors.store import keys
 
 Change = tuple[bytes, bytes | None]
 """One write: the key and its new value, or None for a delete (a changelog tombstone)."""

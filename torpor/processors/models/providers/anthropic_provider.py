@@ -30,7 +30,7 @@ import httpx2
 from anthropic import AsyncAnthropic
 from anthropic.types import RawMessageStreamEvent
 
-from torpor.processors.model import (
+from torpor.processors.models.provider import (
     CompletionRequest,
     ModelError,
     ModelInfo,
@@ -39,15 +39,19 @@ from torpor.processors.model import (
     TextDelta,
     TransientModelError,
 )
-from torpor.processors.providers.errors import (
+from torpor.processors.models.providers.errors import (
     IncompleteStreamError,
     RateLimitedError,
     classify_status,
     retry_after_s,
 )
-from torpor.processors.providers.mapping_anthropic import MessageTurn, anthropic_messages, anthropic_tools
-from torpor.processors.providers.settings import EndpointSettings, api_model_name
-from torpor.processors.providers.stall import within
+from torpor.processors.models.providers.mapping_anthropic import (
+    MessageTurn,
+    anthropic_messages,
+    anthropic_tools,
+)
+from torpor.processors.models.providers.settings import EndpointSettings, api_model_name
+from torpor.processors.models.providers.stall import within
 
 PREFIX: Final = "anthropic"
 DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
