@@ -32,8 +32,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from torpor.processors.restoring import RocksTarget
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store.kv import MemoryStore, RocksStore, StoreOffsets
+from torpor.processors.store.kv import MemoryStore
 from torpor.processors.store.tables import load_state
 from torpor.schemas.records import (
     Budgets,
@@ -50,7 +51,7 @@ from torpor.schemas.records import (
 from torpor.streams.deadline import Deadline
 from torpor.streams.partitioner import partition_for
 from torpor.streams.restore import restore_partitions
-from torpor.streams.task import Change, StoredOffsets
+from torpor.streams.task import Change
 
 REPO: Final = Path(__file__).resolve().parents[1]
 ANSWER: Final = ("The affected tests were re-run; the failures are in the parser and the scheduler "
@@ -139,26 +140,6 @@ def produce_changes(servers: str, topic: str, changes: dict[int, list[Change]]) 
     return count, size
 
 
-class _RocksTarget:
-    """What ThreadTask does for restore, over a RocksStore in a scratch directory."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.store = RocksStore(path)
-
-    def offsets(self) -> StoredOffsets:
-        found = self.store.offsets()
-        return StoredOffsets(found.changelog_offset, found.input_offset)
-
-    def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
-        self.store.apply(changes, StoreOffsets(offsets.changelog_offset, offsets.input_offset))
-
-    def wipe(self) -> None:
-        self.store.close()
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.store = RocksStore(self.path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=10_000)
@@ -177,7 +158,7 @@ def main() -> None:
         records, size = produce_changes(servers, topic, generated.changes)
         consumer = Consumer({"bootstrap.servers": servers, "group.id": f"bench-restore-{uuid.uuid4().hex}",
                              "isolation.level": "read_committed", "enable.auto.commit": False})
-        targets = {p: _RocksTarget(scratch / f"partition-{p}") for p in range(args.partitions)}
+        targets = {p: RocksTarget(scratch / f"partition-{p}") for p in range(args.partitions)}
         begin = time.perf_counter()
         results = restore_partitions(consumer, topic, targets, Deadline.after(600))
         seconds = time.perf_counter() - begin

@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 from tests.processors.authority_rig import Rig
 from tests.processors.fold_scenarios import SEARCH, call, completion, config, control, create, result, user
 from tests.processors.test_stage import Sink, thread_awaiting_model
+from torpor.processors.admission import size_problem
 from torpor.processors.fold.authority import PUBLIC_TENANT
 from torpor.processors.fold.state import ANSWERED_KEPT, Status, with_answered
 from torpor.processors.models.provider import ScriptedModel, ScriptedTurn, ScriptRule
 from torpor.processors.models.stage import COMPLETION_MAX_BYTES, ModelStage, StageConfig
-from torpor.processors.step import StepRecord, size_problem, step
+from torpor.processors.step import StepRecord, step
 from torpor.processors.store import keys
 from torpor.processors.store.kv import MemoryStore
 from torpor.schemas.codec import encode_value

@@ -6,7 +6,7 @@ in `streams.loop.CheckpointLoop`, which gives each owned `inputs` partition a
 `ThreadTask`. Per checkpoint, a `ThreadTask`
 
 1. decodes each input (an undecodable one, or one larger than `[inputs] max_bytes`, see
-   `step.size_problem`, is
+   `admission`, is
    parked with a `parked` receipt and the partition goes on: `OutputWriter.poison_records`);
 2. folds the decoded ones with `step` into the checkpoint's `Overlay` over the
    partition's `RocksStore`, and returns the step's records (`OutputWriter`) and store
@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import shutil
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -40,13 +39,15 @@ from typing import Final
 
 from confluent_kafka import Producer
 
+from torpor.processors.admission import Refused, admit
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.verify import Verifier
 from torpor.processors.local import now_ms, tune_collector
 from torpor.processors.models.provider import ModelProvider
 from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.outputs import OutputWriter
-from torpor.processors.step import StepRecord, size_problem, step
+from torpor.processors.restoring import RocksTarget
+from torpor.processors.step import StepRecord, step
 from torpor.processors.store.kv import Overlay, RocksStore, StoreOffsets
 from torpor.processors.store.tables import HistoryCache
 from torpor.processors.trust import trust_for
@@ -170,18 +171,20 @@ class ThreadTask:
     def __init__(self, partition: int, processor: Processor) -> None:
         self.partition = partition
         self._processor = processor
-        self._path = processor.config.store_dir / f"partition-{partition}"
-        self._store = RocksStore(self._path)
+        self._target = RocksTarget(processor.config.store_dir / f"partition-{partition}")
         self._overlay: Overlay | None = None
         self._requests: list[RequestCompletion] = []
         self.stage: ModelStage | None = None
 
+    @property
+    def _store(self) -> RocksStore:
+        return self._target.store
+
     def offsets(self) -> StoredOffsets:
-        found = self._store.offsets()
-        return StoredOffsets(found.changelog_offset, found.input_offset)
+        return self._target.offsets()
 
     def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
-        self._store.apply(changes, StoreOffsets(offsets.changelog_offset, offsets.input_offset))
+        self._target.restore(changes, offsets)
 
     def start(self) -> None:
         stage = ModelStage(self._store, self._processor.provider, self._processor.sink, now_ms,
@@ -215,27 +218,11 @@ class ThreadTask:
 
         limit = self._processor.max_input_bytes
         for record in records:
-            size = len(record.value or b"")
-            # Before decoding, and after (the processor's own inputs may pass a lower limit).
-            problem = size_problem(size, limit, None)
-            try:
-                if problem is None:
-                    if record.value is None:
-                        raise DecodeError("a null value is not an Input", topic=topic,
-                                          partition=record.partition, offset=record.offset)
-                    decoded = codec.decode(topic, record.value, Input, partition=record.partition,
-                                           offset=record.offset)
-                    problem = size_problem(size, limit, decoded.source)
-            except DecodeError as error:
-                park(record, error, "undecodable")
+            admitted = admit(codec, topic, record.value, record.partition, record.offset, limit)
+            if isinstance(admitted, Refused):
+                park(record, admitted.error, admitted.what)
                 continue
-            if problem is not None:
-                # A huge input would cost its size in memory at every replay, and in every
-                # completion request that carried it.
-                park(record, DecodeError(problem, topic=topic, partition=record.partition,
-                                         offset=record.offset), "oversized")
-                continue
-            run.append(StepRecord(decoded, record.partition, record.offset, record.key,
+            run.append(StepRecord(admitted, record.partition, record.offset, record.key,
                                   record.timestamp if record.append_time else None))
         fold_run()
         return TaskOutput(tuple(out), tuple(changes))
@@ -258,9 +245,7 @@ class ThreadTask:
         self._requests = []
 
     def wipe(self) -> None:
-        self._store.close()
-        shutil.rmtree(self._path, ignore_errors=True)
-        self._store = RocksStore(self._path)
+        self._target.wipe()
 
     def close(self) -> None:
         if self.stage is not None:

@@ -44,15 +44,17 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from torpor.processors.admission import Refused, admit
 from torpor.processors.fold.history import advance
 from torpor.processors.fold.state import GENESIS_HEAD
 from torpor.processors.fold.verify import Verifier
-from torpor.processors.step import StepRecord, size_problem, step
+from torpor.processors.restoring import MemoryTarget
+from torpor.processors.step import StepRecord, step
 from torpor.processors.store import keys
-from torpor.processors.store.kv import MemoryStore, RocksStore, Store, StoreOffsets
+from torpor.processors.store.kv import MemoryStore, RocksStore, Store
 from torpor.processors.store.tables import load_state, read_entries
 from torpor.schemas.codec import Codec
-from torpor.schemas.errors import ConfigError, DecodeError, RetriableError
+from torpor.schemas.errors import ConfigError, RetriableError
 from torpor.schemas.records import (
     AssistantEntry,
     EventEntry,
@@ -67,7 +69,6 @@ from torpor.schemas.records import (
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import translate
 from torpor.streams.restore import restore_partitions
-from torpor.streams.task import Change, StoredOffsets
 
 # Records folded per `step` call: the processor's checkpoints fold a few hundred at a
 # time too; the batch size cannot change the result (state is re-read per input).
@@ -227,14 +228,9 @@ class Replayer:
     def _decode(self, record: LogRecord) -> Input | None:
         # The same tests, in the same order, as ThreadTask.process: a record the processor
         # parked unfolded must not be folded here either.
-        if record.value is None or size_problem(len(record.value), self._max_bytes, None) is not None:
-            return None
-        try:
-            decoded = self._codec.decode(self._topic, record.value, Input, partition=record.partition,
-                                         offset=record.offset)
-        except DecodeError:
-            return None
-        return None if size_problem(len(record.value), self._max_bytes, decoded.source) else decoded
+        admitted = admit(self._codec, self._topic, record.value, record.partition, record.offset,
+                         self._max_bytes)
+        return None if isinstance(admitted, Refused) else admitted
 
     def _fold(self, partition: int) -> None:
         run = self._pending.pop(partition, [])
@@ -271,28 +267,11 @@ def open_stores(store_dir: Path) -> dict[int, RocksStore]:
     return found
 
 
-class _ScratchTarget:
-    """A restore target over a `MemoryStore` (the `RestoreTarget` of streams.restore)."""
-
-    def __init__(self) -> None:
-        self.store = MemoryStore()
-
-    def offsets(self) -> StoredOffsets:
-        found = self.store.offsets()
-        return StoredOffsets(found.changelog_offset, found.input_offset)
-
-    def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
-        self.store.apply(changes, StoreOffsets(offsets.changelog_offset, offsets.input_offset))
-
-    def wipe(self) -> None:
-        self.store = MemoryStore()
-
-
 def restore_scratch(consumer: Consumer, changelog: str, deadline: Deadline,
                     partitions: Sequence[int] | None = None) -> dict[int, MemoryStore]:
     """The live stores (of `partitions`, default all) as the compacted changelog holds them."""
     chosen = partitions if partitions is not None else partitions_of(consumer, changelog)
-    targets = {p: _ScratchTarget() for p in chosen}
+    targets = {p: MemoryTarget() for p in chosen}
     restore_partitions(consumer, changelog, targets, deadline)
     return {p: t.store for p, t in targets.items()}
 

@@ -36,7 +36,8 @@ Size. No input may make a record Kafka refuses (that would fail the checkpoint a
 the partition). An input whose fold would write a row over `ROW_MAX_BYTES`, grow a
 thread holding inputs past `STATE_HOLD_MAX_BYTES`, or send an input over
 `MAX_INPUT_BYTES_CEILING` is refused whole: its writes are dropped and its one receipt is
-`rejected:too_large` with the record it would have made. A child's inherited history is
+`rejected:too_large` with the record it would have made (before any of this, the
+runtimes park inputs too large to decode: `admission`). A child's inherited history is
 cut to its most recent entries that fit one input (`_creation`). The bounds are
 constants, not settings, so a replay refuses exactly what the live run refused.
 
@@ -67,7 +68,7 @@ from torpor.processors.fold.effects import (
 )
 from torpor.processors.fold.state import Facts, Status, ThreadState, Transition
 from torpor.processors.fold.transitions import fold, park_on_failure, refuse_at_door, refuse_whole
-from torpor.processors.fold.verify import PROCESSOR_SOURCE, SourceVerifier, Verifier
+from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
 from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state
@@ -229,20 +230,6 @@ def sender_digest(input: Input) -> bytes:
     input from another sender with that id is judged on its own (finding F4). Inputs
     refused for their provenance are never remembered, so a forger cannot claim a sender."""
     return hashlib.sha256(f"{input.source}\0{input.key_id or ''}".encode()).digest()[:16]
-
-
-def size_problem(size: int, limit: int, source: str | None) -> str | None:
-    """Why an encoded input of `size` bytes is parked unfolded, or None; the processor and
-    a replay ask the same. `limit` is `TORPOR_MAX_INPUT_BYTES`. Call it before decoding
-    (`source` None: only the ceiling applies, so a huge record is never decoded) and
-    after: the processor's own inputs (completions, loopbacks) may pass a lower `limit`,
-    as they are bounded at the ceiling by construction (`_size_problem`); a forged one is
-    refused by the verifier, not here."""
-    if size > MAX_INPUT_BYTES_CEILING:
-        return f"oversized: {size} bytes, more than the {MAX_INPUT_BYTES_CEILING} any input may have"
-    if source is not None and source != PROCESSOR_SOURCE and size > limit:
-        return f"oversized: {size} bytes, more than the {limit} of TORPOR_MAX_INPUT_BYTES"
-    return None
 
 
 def _shown(value: str | bytes) -> str:
