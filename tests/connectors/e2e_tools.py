@@ -73,8 +73,9 @@ async def run_agent(mcp_server: StdioServerParameters, url: str) -> list[History
         for n, body in enumerate((CreateThread(config=config, inherited=(), initial=()),
                                   UserMessage(content=(TextBlock("please use the tools"),)))):
             runtime.send(Input(f"e2e:{n}", THREAD, now_ms(), "user:test", None, None, None, body))
-        # The MCP call answers within its own timeout; the idle loop is the backstop.
-        await asyncio.wait_for(runtime.run_until_idle(timeout_s=30), 40)
+        # The MCP call answers within its own timeout (60 s); the idle loop is the backstop,
+        # generous because a loaded 2-core machine starts three tool processes slowly.
+        await asyncio.wait_for(runtime.run_until_idle(timeout_s=180), 200)
         return list(read_entries(runtime.stores[0], THREAD))
     finally:
         await runtime.close()
