@@ -30,8 +30,28 @@ COMMANDS: Final[dict[str, str]] = {
 }
 
 
+# librdkafka error codes that mean "no broker answered", for the one line a command prints.
+UNREACHABLE: Final = frozenset({"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE"})
+
+
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands are imported on first use.
+
+    A Kafka or Torpor error a subcommand lets escape ends the command with one line on
+    stderr and exit code 1 (click's usage errors keep their code 2), never a traceback:
+    an operator needs what failed and what to check, not where in the code.
+    """
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            line = _one_line(exc)
+            if line is None:
+                raise
+            raise click.ClickException(line) from exc
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -50,3 +70,20 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="torpor")
 def main() -> None:
     """Torpor: a durable runtime for long-waiting LLM agents, built on Kafka."""
+
+
+def _one_line(exc: Exception) -> str | None:
+    """What to print for `exc`, or None to let it escape (a bug: its traceback helps)."""
+    from confluent_kafka import KafkaException  # here: only a failing command pays the import
+
+    from torpor.schemas.errors import TorporError
+    from torpor.streams.errors import kafka_error_of, translate
+
+    if isinstance(exc, KafkaException):
+        if kafka_error_of(exc).name() in UNREACHABLE:
+            return (f"cannot reach the Kafka broker ({kafka_error_of(exc).str()}): check that it runs and "
+                    "that --bootstrap, TORPOR_BOOTSTRAP or the config file name it")
+        return str(translate(exc, operation="the Kafka call"))
+    if isinstance(exc, TorporError):
+        return str(exc)
+    return None
