@@ -82,3 +82,20 @@ def test_flags_that_do_not_go_together_are_refused(deployment: Deployment) -> No
                        (["t", "stop", "--signing-key-id", "k"], "both --signing-key-id")):
         done = deployment.run([TORPOR, "control", *args])
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+
+
+def test_a_command_to_a_thread_that_does_not_exist_says_so_and_exits_1(deployment: Deployment) -> None:
+    """`control` waits for its receipt by default: `sent` alone would claim a success."""
+    nobody = f"nobody-{uuid.uuid4().hex[:8]}"
+    done = deployment.run([TORPOR, "control", nobody, "stop"])
+    assert done.returncode == 1, done
+    assert f"sent stop to {nobody}" in done.stdout and " rejected:unknown_thread" in done.stdout, done.stdout
+    assert "not applied" in done.stderr, done.stderr
+
+
+def test_a_negative_wait_is_refused_before_anything_is_produced(deployment: Deployment) -> None:
+    thread = f"never-{uuid.uuid4().hex[:8]}"
+    for command in (["send", thread, "hello", "--wait", "-5"], ["control", thread, "stop", "--wait", "-5"]):
+        done = deployment.run([TORPOR, *command])
+        assert done.returncode == 2 and "--wait" in done.stderr and "Traceback" not in done.stderr, done
+    assert not [i for i in deployment.inputs() if i.thread_id == thread]

@@ -1,12 +1,14 @@
 """`torpor approve APPROVAL_ID CHOICE`: a person's decision on a pending approval.
 
 Output contract: `decided <approval id> <choice> (message <id>)` once the broker
-acknowledged the `ApprovalDecision`; the fold then checks it (unknown approval, expired,
-not one of the choices: a `rejected:<reason>` receipt, shown by `torpor tail
---receipts`) and dispatches the decision to the tool that asked. The thread comes from
-`--thread` (the `torpor tail` line of the request prints it) or is looked up on the
-events topic, which keeps a day by default; the message id is derived from the approval
-id and the choice, so approving twice is a duplicate, not a second decision.
+acknowledged the `ApprovalDecision`, then its receipt as the processor folds it: the
+fold checks it (unknown approval, expired, not one of the choices: a `rejected:<reason>`
+receipt, and this command exits 1; so it does if no receipt comes within `--wait`,
+default 30 s, `--wait 0` not waiting) and dispatches the decision to the tool that
+asked. The thread comes from `--thread` (the `torpor tail` line of the request prints
+it) or is looked up on the events topic, which keeps a day by default; the message id is
+derived from the approval id and the choice, so approving twice is a duplicate, not a
+second decision.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from torpor.cli.send import default_source, envelope, produce_inputs
+from torpor.cli.send import WAIT_OPTION_HELP, default_source, deliver, envelope
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options, wire_id
 from torpor.schemas.errors import TorporError
@@ -55,6 +57,8 @@ def requested(settings: Settings, approval_id: str) -> tuple[str, list[str]] | N
 )
 @click.option("--by", "decided_by", default=None,
               help="Who decides: user:<id> or operator:<id> (default user:<login name>).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              metavar="SECONDS", help=WAIT_OPTION_HELP)
 @signing_options
 @settings_options
 def approve(
@@ -62,6 +66,7 @@ def approve(
     choice: str,
     thread: str | None,
     decided_by: str | None,
+    wait_s: float,
     signing_key_id: str | None,
     signing_key: Path | None,
     config_file: Path | None,
@@ -91,7 +96,7 @@ def approve(
         source = who if who.startswith(("user:", "operator:")) else f"user:{who}"
         record = envelope(thread, message_id, source,
                           ApprovalDecision(approval_id=approval_id, choice=choice, decided_by=who))
-        produce_inputs(settings, [signer.sign(record) if signer is not None else record])
     except TorporError as error:
         raise click.ClickException(str(error)) from None
-    click.echo(f"decided {approval_id} {choice} (message {message_id})")
+    deliver(settings, thread, [signer.sign(record) if signer is not None else record], wait_s,
+            lambda _: click.echo(f"decided {approval_id} {choice} (message {message_id})"))

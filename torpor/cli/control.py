@@ -1,7 +1,9 @@
 """`torpor control THREAD COMMAND`: an operator's command to a thread.
 
 Output contract: `sent <command> to <thread> (message <id>)` once the broker acknowledged
-the `Control` input; the fold's verdict is the input's receipt (`torpor tail --receipts`).
+the `Control` input, then its receipt as the processor folds it (`receipt <id> <disposition>
+(<reason>)`): exit 1 if it is refused (a thread that does not exist: `rejected:unknown_thread`)
+or does not come within `--wait` (default 30 s; `--wait 0` does not wait).
 Commands: `stop`, `resume`, `park`, `unpark`, `compact`, `delete`, `set_model --model M`
 (applies from the thread's next completion), `cancel_call --call-id ID`. The source is
 `operator:<name>`; a processor with a key ring accepts operator inputs only when signed,
@@ -18,10 +20,9 @@ from typing import Final
 
 import click
 
-from torpor.cli.send import envelope, produce_inputs
+from torpor.cli.send import WAIT_OPTION_HELP, deliver, envelope
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options, wire_id
-from torpor.schemas.errors import TorporError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Control
 
@@ -37,10 +38,12 @@ COMMANDS: Final = ("stop", "resume", "park", "unpark", "cancel_call", "compact",
 @click.option("--operator", default=None, help="Who sends it (default: the login name).")
 @click.option("--message-id", default=None, callback=wire_id,
               help="A stable id, so a retried command is a duplicate.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              metavar="SECONDS", help=WAIT_OPTION_HELP)
 @signing_options
 @settings_options
 def control(thread: str, command: str, model: str | None, call_id: str | None, reason: str | None,
-            operator: str | None, message_id: str | None, signing_key_id: str | None,
+            operator: str | None, message_id: str | None, wait_s: float, signing_key_id: str | None,
             signing_key: Path | None, config_file: Path | None, bootstrap: str | None) -> None:
     """Send COMMAND to THREAD as an operator (stop, unpark, set_model --model M, ...)."""
     if (command == "set_model") != (model is not None):
@@ -52,10 +55,7 @@ def control(thread: str, command: str, model: str | None, call_id: str | None, r
     record = envelope(thread, message_id or derive_id(thread, "control", command, uuid.uuid4().hex),
                       f"operator:{operator or getpass.getuser()}",
                       Control(command=command, call_id=call_id, model=model, reason=reason))
-    try:
-        if signer is not None:
-            record = signer.sign(record)
-        produce_inputs(settings, [record])
-    except TorporError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(f"sent {command} to {thread} (message {record.message_id})")
+    if signer is not None:
+        record = signer.sign(record)
+    deliver(settings, thread, [record], wait_s,
+            lambda _: click.echo(f"sent {command} to {thread} (message {record.message_id})"))

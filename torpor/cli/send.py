@@ -31,7 +31,7 @@ import getpass
 import time
 import tomllib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -210,7 +210,7 @@ def _resolve(names: list[str], settings: Settings) -> tuple[ToolSpec, ...]:
 @click.option("--source", default=None, help="The input's source (default user:<login name>).")
 @click.option("--message-id", default=None, callback=wire_id,
               help="A stable id, so a retried send is a duplicate.")
-@click.option("--wait", "wait_s", type=float, default=None, metavar="SECONDS",
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Wait this long for the receipts and print them; exit 1 if one is not applied.")
 @signing_options
 @settings_options
@@ -277,24 +277,38 @@ def send(
     records.append(envelope(thread, message_id, who, UserMessage((TextBlock(text),))))
     if signer is not None:
         records = [signer.sign(r) for r in records]
+    deliver(settings, thread, records, wait_s, _announce)
+
+
+def _announce(records: list[Input]) -> None:
+    for record in records:
+        said = "created" if isinstance(record.body, CreateThread) else "sent"
+        click.echo(f"{said} {record.message_id}")
+
+
+WAIT_OPTION_HELP: Final = ("Wait this long for the receipt and print it; exit 1 if it is not applied "
+                           "or does not come (0: do not wait).")
+"""The `--wait` of commands that wait for their receipt by default (`control`, `approve`)."""
+
+
+def deliver(settings: Settings, thread: str, records: list[Input], wait_s: float | None,
+            announce: Callable[[list[Input]], None]) -> None:
+    """Produce `records` to `thread`, `announce` them once the broker has them, then (with a
+    `wait_s` other than None or 0) print each one's receipt as the processor folds it: exit 1
+    (a `ClickException`) if one is refused or does not come in time."""
     try:
-        if wait_s is None:
-            _produce(settings, records)
+        if not wait_s:
+            produce_inputs(settings, records)
+            announce(records)
             return
         with Observer(settings, receipts=True) as observer:
             # The receipts' end before producing: what the wait reads from, so none is missed.
             start = observer.start(at_end=True, threads=[thread])
-            _produce(settings, records)
+            produce_inputs(settings, records)
+            announce(records)
             _await_receipts(observer, start, thread, [r.message_id for r in records], wait_s)
     except TorporError as error:
         raise click.ClickException(str(error)) from None
-
-
-def _produce(settings: Settings, records: list[Input]) -> None:
-    produce_inputs(settings, records)
-    for record in records:
-        said = "created" if isinstance(record.body, CreateThread) else "sent"
-        click.echo(f"{said} {record.message_id}")
 
 
 def _await_receipts(observer: Observer, start: Position, thread: str, ids: list[str], wait_s: float) -> None:
