@@ -27,6 +27,7 @@ COMMANDS: Final[dict[str, str]] = {
     "replay": "torpor.cli.replay:replay",
     "send": "torpor.cli.send:send",
     "tail": "torpor.cli.tail:tail",
+    "topics": "torpor.cli.topics:topics",
 }
 
 

@@ -234,3 +234,66 @@ def _check_configs(admin: AdminClient, names: TopicNames, deadline: Deadline, bo
                 f"{required.why}. Fix: kafka-configs.sh --bootstrap-server {bootstrap} --alter "
                 f"--entity-type topics --entity-name {name} --add-config {required.key}={required.value}"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    """One Torpor topic as the broker has it, against the layout (`torpor topics check`).
+
+    `partitions` and `config` are None when the topic does not exist. `problems` must be
+    fixed (the processor refuses to start, or would act on a wrong layout); `drift` lists
+    configs that differ from the layout but break no invariant (a retention an operator
+    chose, say).
+    """
+
+    spec: TopicSpec
+    partitions: int | None
+    config: Mapping[str, str] | None
+    problems: tuple[str, ...]
+    drift: tuple[str, ...]
+
+
+def inspect_topics(admin: AdminClient, settings: Settings, deadline: Deadline) -> tuple[TopicState, ...]:
+    """Every Torpor topic of `settings` as it exists, with what breaks the layout. Creates nothing."""
+    bootstrap = settings.kafka.bootstrap_servers
+    metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
+    names = TopicNames.for_prefix(settings.topics.prefix)
+    inputs = metadata.topics.get(names.inputs)
+    specs = topic_specs(settings.topics, inputs_partitions=None if inputs is None else len(inputs.partitions))
+    present = [spec for spec in specs if spec.name in metadata.topics]
+    resources = {spec.name: ConfigResource(ResourceType.TOPIC, spec.name) for spec in present}
+    described: dict[str, Mapping[str, str]] = {}
+    if resources:
+        timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
+        try:
+            futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
+            for name, resource in resources.items():
+                entries = futures[resource].result(timeout=timeout + 1.0)
+                described[name] = {key: str(entry.value) for key, entry in entries.items()}
+        except concurrent.futures.TimeoutError:
+            raise BrokerUnreachableError(bootstrap, timeout, "describing the topics got no answer") from None
+        except KafkaException as exc:
+            raise translate(exc, operation="describe_configs") from exc
+    required = {(r.topic, r.key): r for r in REQUIRED}
+    found: list[TopicState] = []
+    for spec in specs:
+        if spec.name not in metadata.topics:
+            found.append(TopicState(spec, None, None, ("missing",), ()))
+            continue
+        partitions = len(metadata.topics[spec.name].partitions)
+        config = described[spec.name]
+        problems: list[str] = []
+        drift: list[str] = []
+        if partitions != spec.partitions:
+            problems.append(f"{partitions} partitions, the layout needs {spec.partitions}")
+        for key, wanted in spec.config.items():
+            actual = config.get(key)
+            if actual == wanted:
+                continue
+            rule = required.get((spec.topic, key))
+            if rule is not None:
+                problems.append(f"{key}={actual!r}, must be {wanted!r}: {rule.why}")
+            else:
+                drift.append(f"{key}={actual!r} (the layout says {wanted!r})")
+        found.append(TopicState(spec, partitions, config, tuple(problems), tuple(drift)))
+    return tuple(found)

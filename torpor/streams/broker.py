@@ -118,6 +118,9 @@ inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 controller.quorum.bootstrap.servers={host}:{controller_port}
 log.dirs={data_dir}
+# Topics exist only on purpose (ensure_topics): a producer or consumer touching a fresh
+# prefix must not make a 1-partition `inputs` that every other topic then follows.
+auto.create.topics.enable=false
 num.partitions=1
 default.replication.factor=1
 min.insync.replicas=1
