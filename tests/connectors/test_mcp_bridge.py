@@ -272,12 +272,12 @@ def test_an_agent_in_local_mode_uses_the_subprocess_http_and_mcp_tools(server: S
     status, _, body = only_text_of(results["http_request"].content).partition("\n\n")
     assert status.startswith("HTTP 200") and json.loads(body)["body"] == "from the agent"
     assert json.loads(body)["key"] is not None  # the dispatch's request id
-    # The command's output reached the thread inline, while it ran, then its exit code.
+    # The command's output reached the thread inline, then its exit code. (That it streams
+    # while the command runs is shown without a clock by test_subprocess_tool's gate test.)
     streamed = [e for e in history if isinstance(e.body, EventEntry) and e.body.kind == "subscription_event"]
     output = "\n".join(only_text_of(e.body.content) for e in streamed if isinstance(e.body, EventEntry))
     assert "[stdout] first-line" in output and "[stderr] second-line" in output
     assert output.endswith("exit code 4")
-    assert len(streamed) >= 2  # the first line arrived before the command ended
 
 
 def only_text_of(content: tuple[object, ...]) -> str:
