@@ -13,7 +13,7 @@
 
 How history is shown to a model is pure and lives apart from the clients:
 `turns` (the provider-neutral conversation), `mapping_openai`, `mapping_anthropic`,
-`mapping_bedrock`.
+`mapping_bedrock`, and `blocks` (what the last two share).
 Failures are classified in `errors` (extending the seam's `TransientModelError` and
 `PermanentModelError`); `stall` bounds how long a stream may stay silent.
 """

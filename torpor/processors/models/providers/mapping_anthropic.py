@@ -43,9 +43,9 @@ from anthropic.types import (
 )
 
 from torpor.processors.models.provider import Finished
+from torpor.processors.models.providers.blocks import StreamedBlock, tool_input, unsupported_image
 from torpor.processors.models.providers.errors import IncompleteStreamError
 from torpor.processors.models.providers.turns import Answered, Results, Said, conversation
-from torpor.schemas.jsontext import parse_json
 from torpor.schemas.records import (
     AssistantBlock,
     ContentBlock,
@@ -74,7 +74,7 @@ _MEDIA_TYPES: Final[dict[str, MediaType]] = {
 def _image(block: ImageBlock) -> TextBlockParam | ImageBlockParam:
     media = _MEDIA_TYPES.get(block.media_type)
     if media is None:
-        return {"type": "text", "text": f"[image of unsupported type {block.media_type} omitted]"}
+        return {"type": "text", "text": unsupported_image(block)}
     source: ImageBlockParam = {
         "type": "image",
         "source": {
@@ -97,16 +97,6 @@ def _blocks(content: Iterable[ContentBlock]) -> list[TextBlockParam | ImageBlock
     return out
 
 
-def _tool_input(arguments: str) -> dict[str, object]:
-    # The API takes an object. A model's malformed arguments were already answered with an
-    # error result by the fold; show them to the model as they were, under one key.
-    try:
-        parsed = parse_json(arguments or "{}")
-    except ValueError:
-        return {"invalid_arguments": arguments}
-    return parsed if isinstance(parsed, dict) else {"invalid_arguments": arguments}
-
-
 def _assistant(turn: Answered) -> list[ContentBlockParam]:
     out: list[ContentBlockParam] = []
     for block in turn.content:
@@ -117,7 +107,7 @@ def _assistant(turn: Answered) -> list[ContentBlockParam]:
                 out.append({"type": "thinking", "thinking": block.text, "signature": block.signature})
     out.extend({"type": "text", "text": b.text} for b in turn.content if isinstance(b, TextBlock) and b.text)
     out.extend(
-        {"type": "tool_use", "id": c.call_id, "name": c.name, "input": _tool_input(c.arguments)}
+        {"type": "tool_use", "id": c.call_id, "name": c.name, "input": tool_input(c.arguments)}
         for c in turn.tool_calls
     )
     return out
@@ -173,21 +163,11 @@ def anthropic_tools(tools: Iterable[ToolSpec]) -> list[ToolParam]:
 
 
 @dataclass(slots=True)
-class _Block:
-    kind: str
-    text: list[str] = field(default_factory=list)
-    signature: str | None = None
-    call_id: str = ""
-    name: str = ""
-    start_input: str = "{}"
-
-
-@dataclass(slots=True)
 class MessageTurn:
     """One streamed message being assembled; `add` each event, then `finished()`."""
 
     model: str
-    blocks: dict[int, _Block] = field(default_factory=dict)
+    blocks: dict[int, StreamedBlock] = field(default_factory=dict)
     # The three parts of the input, kept apart because a `message_delta` may update any
     # of them (cumulative counts; a null one leaves the last value standing).
     uncached_tokens: int = 0
@@ -210,7 +190,7 @@ class MessageTurn:
                 self.output_tokens = u.output_tokens
             case "content_block_start":
                 start = event.content_block
-                block = _Block(start.type)
+                block = StreamedBlock(start.type)
                 if start.type == "tool_use":
                     block.call_id, block.name = start.id, start.name
                     block.start_input = json.dumps(start.input) if start.input else "{}"
@@ -223,7 +203,7 @@ class MessageTurn:
                     block.text.append(start.text)
                 self.blocks[event.index] = block
             case "content_block_delta":
-                block = self.blocks.setdefault(event.index, _Block(event.delta.type))
+                block = self.blocks.setdefault(event.index, StreamedBlock(event.delta.type))
                 delta = event.delta
                 if delta.type == "text_delta":
                     block.text.append(delta.text)

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 from torpor.processors.models.provider import Finished
+from torpor.processors.models.providers.blocks import StreamedBlock, tool_input, unsupported_image
 from torpor.processors.models.providers.errors import IncompleteStreamError
 from torpor.processors.models.providers.turns import Answered, Results, Said, conversation
-from torpor.schemas.jsontext import parse_json
 from torpor.schemas.records import (
     AssistantBlock,
     ContentBlock,
@@ -93,7 +93,7 @@ Role = Literal["user", "assistant"]
 def _image(block: ImageBlock) -> ContentBlockTypeDef:
     image_format = _FORMATS.get(block.media_type)
     if image_format is None:
-        return {"text": f"[image of unsupported type {block.media_type} omitted]"}
+        return {"text": unsupported_image(block)}
     return {"image": {"format": image_format, "source": {"bytes": block.data}}}
 
 
@@ -115,16 +115,6 @@ def _result_content(content: Iterable[ContentBlock]) -> list[ToolResultContentBl
     return out or [{"text": BLANK}]
 
 
-def _input_object(arguments: str) -> dict[str, object]:
-    # Converse takes a JSON object. Arguments that are not one were already answered with an
-    # error result by the fold; the model sees them as it wrote them, under one key.
-    try:
-        value = parse_json(arguments or "{}")
-    except ValueError:
-        value = None
-    return value if isinstance(value, dict) else {"invalid_arguments": arguments}
-
-
 def _reasoning(block: ThinkingBlock) -> ContentBlockTypeDef | None:
     if not block.signature:
         return None
@@ -139,7 +129,7 @@ def _answered(turn: Answered) -> list[ContentBlockTypeDef]:
     out = [r for r in reasoning if r is not None]
     out.extend({"text": b.text} for b in turn.content if isinstance(b, TextBlock) and b.text)
     out.extend(
-        {"toolUse": {"toolUseId": c.call_id, "name": c.name, "input": _input_object(c.arguments)}}
+        {"toolUse": {"toolUseId": c.call_id, "name": c.name, "input": tool_input(c.arguments)}}
         for c in turn.tool_calls
     )
     return out
@@ -213,20 +203,11 @@ def converse_tools(
 
 
 @dataclass(slots=True)
-class _Block:
-    kind: Literal["text", "reasoning", "tool_use"]
-    text: list[str] = field(default_factory=list)
-    signature: str | None = None
-    call_id: str = ""
-    name: str = ""
-
-
-@dataclass(slots=True)
 class ConverseTurn:
     """One streamed Converse answer being assembled; `add` each event, then `finished()`."""
 
     model: str
-    blocks: dict[int, _Block] = field(default_factory=dict)
+    blocks: dict[int, StreamedBlock] = field(default_factory=dict)
     usage: Usage = field(default_factory=lambda: Usage(0, 0, 0))  # until `metadata` says
     stop_reason: str | None = None
 
@@ -236,7 +217,7 @@ class ConverseTurn:
             start = event["contentBlockStart"]
             use = start["start"].get("toolUse")
             if use is not None:
-                block = _Block("tool_use", call_id=use["toolUseId"], name=use["name"])
+                block = StreamedBlock("tool_use", call_id=use["toolUseId"], name=use["name"])
                 self.blocks[start["contentBlockIndex"]] = block
         elif "contentBlockDelta" in event:
             delta = event["contentBlockDelta"]
@@ -251,12 +232,12 @@ class ConverseTurn:
 
     def _delta(self, index: int, delta: ContentBlockDeltaTypeDef) -> str | None:
         if "text" in delta:
-            self.blocks.setdefault(index, _Block("text")).text.append(delta["text"])
+            self.blocks.setdefault(index, StreamedBlock("text")).text.append(delta["text"])
             return delta["text"] or None
         if "toolUse" in delta:
-            self.blocks.setdefault(index, _Block("tool_use")).text.append(delta["toolUse"]["input"])
+            self.blocks.setdefault(index, StreamedBlock("tool_use")).text.append(delta["toolUse"]["input"])
         elif "reasoningContent" in delta:
-            block = self.blocks.setdefault(index, _Block("reasoning"))
+            block = self.blocks.setdefault(index, StreamedBlock("reasoning"))
             reasoning = delta["reasoningContent"]
             block.text.append(reasoning.get("text", ""))
             if "signature" in reasoning:
@@ -274,7 +255,7 @@ class ConverseTurn:
         for _, block in sorted(self.blocks.items()):
             text = "".join(block.text)
             if block.kind == "tool_use":
-                calls.append(ToolCall(block.call_id, block.name, text or "{}"))
+                calls.append(ToolCall(block.call_id, block.name, text or block.start_input))
             elif block.kind == "reasoning":
                 content.append(ThinkingBlock(text, block.signature))
             elif text:
