@@ -16,14 +16,19 @@ nothing raises into the runtime. The dispatch's capability is checked first
 
 from __future__ import annotations
 
-import json
 from typing import Final
 
 import httpx
 
-from torpor.connectors.capability import check
-from torpor.connectors.inprocess import Clock, InProcessConnector, InputSink, text
-from torpor.schemas.records import Dispatch, ToolSpec
+from torpor.connectors.builtin import (
+    BadArguments,
+    BuiltinTool,
+    arguments_object,
+    builtin_spec,
+    timeout_argument,
+)
+from torpor.connectors.inprocess import Clock, InputSink, text
+from torpor.schemas.records import Dispatch
 
 METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 CONNECT_TIMEOUT_S: Final = 5.0
@@ -32,71 +37,53 @@ MAX_READ_TIMEOUT_S: Final = 300.0
 MAX_RESPONSE_BYTES: Final = 64 * 1024
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 
-HTTP_REQUEST_SPEC: Final = ToolSpec(
-    name="http_request",
-    description="Make an HTTP request and get the status, headers and (size-limited) body back.",
-    parameters=json.dumps(
-        {
-            "type": "object",
-            "properties": {
-                "method": {"type": "string", "enum": list(METHODS)},
-                "url": {"type": "string", "minLength": 1},
-                "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-                "body": {"type": "string"},
-                "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_READ_TIMEOUT_S},
-            },
-            "required": ["url"],
-            "additionalProperties": False,
+HTTP_REQUEST_SPEC: Final = builtin_spec(
+    "http_request",
+    "Make an HTTP request and get the status, headers and (size-limited) body back.",
+    {
+        "type": "object",
+        "properties": {
+            "method": {"type": "string", "enum": list(METHODS)},
+            "url": {"type": "string", "minLength": 1},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "body": {"type": "string"},
+            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_READ_TIMEOUT_S},
         },
-        sort_keys=True,
-    ),
-    result_schema=None,
-    passive=False,
-    toolset="builtin",
+        "required": ["url"],
+        "additionalProperties": False,
+    },
 )
-
-
-class BadRequest(ValueError):
-    """The arguments do not describe a request: the call gets an error result."""
 
 
 class Request:
     """A parsed, checked `http_request` call."""
 
     def __init__(self, arguments: str, idempotency_key: str) -> None:
-        try:
-            args = json.loads(arguments)
-        except ValueError as error:
-            raise BadRequest(f"arguments are not JSON: {error}") from error
-        if not isinstance(args, dict):
-            raise BadRequest("arguments must be an object")
+        args = arguments_object(arguments)
         self.method = str(args.get("method", "GET")).upper()
         if self.method not in METHODS:
-            raise BadRequest(f"method must be one of {', '.join(METHODS)}")
+            raise BadArguments(f"method must be one of {', '.join(METHODS)}")
         url = args.get("url")
         if not isinstance(url, str):
-            raise BadRequest("url must be a string")
+            raise BadArguments("url must be a string")
         try:
             self.url = httpx.URL(url)
         except httpx.InvalidURL as error:
-            raise BadRequest(f"bad url {url!r}: {error}") from error
+            raise BadArguments(f"bad url {url!r}: {error}") from error
         if self.url.scheme not in ("http", "https") or not self.url.host:
-            raise BadRequest(f"url must be http(s)://host...: {url!r}")
+            raise BadArguments(f"url must be http(s)://host...: {url!r}")
         headers = args.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            raise BadRequest("headers must be an object of strings")
+            raise BadArguments("headers must be an object of strings")
         # The key is ours to set: a caller's own value would break the retry guarantee.
         self.headers = {k: v for k, v in headers.items() if k.lower() != IDEMPOTENCY_HEADER.lower()}
         self.headers[IDEMPOTENCY_HEADER] = idempotency_key
         body = args.get("body")
         if body is not None and not isinstance(body, str):
-            raise BadRequest("body must be a string")
+            raise BadArguments("body must be a string")
         self.body = body.encode() if body is not None else None
-        timeout = args.get("timeout_s", DEFAULT_READ_TIMEOUT_S)
-        number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
-        if not number or not 0 < timeout <= MAX_READ_TIMEOUT_S:
-            raise BadRequest(f"timeout_s must be a number in (0, {MAX_READ_TIMEOUT_S:g}]")
-        self.timeout = httpx.Timeout(float(timeout), connect=min(CONNECT_TIMEOUT_S, float(timeout)))
+        timeout = timeout_argument(args, DEFAULT_READ_TIMEOUT_S, MAX_READ_TIMEOUT_S)
+        self.timeout = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
 
 
 def decode(body: bytes, charset: str | None) -> str:
@@ -106,11 +93,9 @@ def decode(body: bytes, charset: str | None) -> str:
         return body.decode("utf-8", errors="replace")
 
 
-class HttpTool(InProcessConnector):
+class HttpTool(BuiltinTool):
     name = "http"
     specs = (HTTP_REQUEST_SPEC,)
-    required_scopes: tuple[str, ...] = ()
-    """Scopes a thread's capability must hold to make requests (a deployment subclasses to require one)."""
     max_response_bytes: int = MAX_RESPONSE_BYTES
 
     def __init__(
@@ -121,13 +106,11 @@ class HttpTool(InProcessConnector):
         self._client: httpx.AsyncClient | None = None
 
     def invoke(self, dispatch: Dispatch) -> None:
-        refusal = check(dispatch, self._clock(), self.required_scopes)
-        if refusal is not None:
-            self.answer(dispatch, ok=False, content=text(refusal))
+        if self.answer_if_refused(dispatch):
             return
         try:
             request = Request(dispatch.arguments, dispatch.request_id)
-        except BadRequest as error:
+        except BadArguments as error:
             self.answer(dispatch, ok=False, content=text(f"http_request: {error}"))
             return
         self.start(dispatch, self._send(dispatch, request))

@@ -22,14 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 from typing import Final
 
-from torpor.connectors.capability import check
-from torpor.connectors.inprocess import Clock, InProcessConnector, InputSink, text
-from torpor.schemas.records import Dispatch, ToolEvent, ToolSpec
+from torpor.connectors.builtin import (
+    BadArguments,
+    BuiltinTool,
+    arguments_object,
+    builtin_spec,
+    timeout_argument,
+)
+from torpor.connectors.inprocess import Clock, InputSink, text
+from torpor.schemas.records import Dispatch, ToolEvent
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 MAX_TIMEOUT_S: Final = 3600.0
@@ -42,48 +47,33 @@ MAX_OUTPUT_BYTES: Final = 256 * 1024
 MAX_LINE_BYTES: Final = 8 * 1024
 READ_LIMIT: Final = 2**16  # asyncio's default StreamReader limit
 
-RUN_COMMAND_SPEC: Final = ToolSpec(
-    name="run_command",
-    description=(
+RUN_COMMAND_SPEC: Final = builtin_spec(
+    "run_command",
+    (
         "Run a shell command (a string, through /bin/sh -c) or an argv list, with a timeout. "
         "Its output arrives as events while it runs; the last event has the exit code."
     ),
-    parameters=json.dumps(
-        {
-            "type": "object",
-            "properties": {
-                "command": {
-                    "oneOf": [
-                        {"type": "string", "minLength": 1},
-                        {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                    ]
-                },
-                "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
-                "cwd": {"type": "string"},
+    {
+        "type": "object",
+        "properties": {
+            "command": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                ]
             },
-            "required": ["command"],
-            "additionalProperties": False,
+            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
+            "cwd": {"type": "string"},
         },
-        sort_keys=True,
-    ),
-    result_schema=None,
-    passive=False,
-    toolset="builtin",
+        "required": ["command"],
+        "additionalProperties": False,
+    },
 )
-
-
-class BadArguments(ValueError):
-    """The arguments do not describe a command: the call gets an error result."""
 
 
 def parse_command(arguments: str) -> tuple[list[str], float, str | None]:
     """(argv, timeout_s, cwd) from the call's JSON arguments."""
-    try:
-        args = json.loads(arguments)
-    except ValueError as error:
-        raise BadArguments(f"arguments are not JSON: {error}") from error
-    if not isinstance(args, dict):
-        raise BadArguments("arguments must be an object")
+    args = arguments_object(arguments)
     command = args.get("command")
     if isinstance(command, str) and command.strip():
         argv = ["/bin/sh", "-c", command]
@@ -91,13 +81,11 @@ def parse_command(arguments: str) -> tuple[list[str], float, str | None]:
         argv = list(command)
     else:
         raise BadArguments("command must be a non-empty string or a non-empty list of strings")
-    timeout = args.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT_S:
-        raise BadArguments(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S:g}]")
+    timeout = timeout_argument(args, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S)
     cwd = args.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise BadArguments("cwd must be a string")
-    return argv, float(timeout), cwd
+    return argv, timeout, cwd
 
 
 def kill_group(pgid: int, sig: signal.Signals) -> None:
@@ -120,20 +108,16 @@ async def exited(process: asyncio.subprocess.Process, timeout: float) -> bool:
     return True
 
 
-class SubprocessTool(InProcessConnector):
+class SubprocessTool(BuiltinTool):
     name = "subprocess"
     specs = (RUN_COMMAND_SPEC,)
-    required_scopes: tuple[str, ...] = ()
-    """Scopes a thread's capability must hold to run commands (a deployment subclasses to require one)."""
 
     def __init__(self, sink: InputSink, clock: Clock) -> None:
         super().__init__(sink, clock)
         self._groups: dict[tuple[str, str], int] = {}  # (thread, call) -> process group id
 
     def invoke(self, dispatch: Dispatch) -> None:
-        refusal = check(dispatch, self._clock(), self.required_scopes)
-        if refusal is not None:
-            self.answer(dispatch, ok=False, content=text(refusal))
+        if self.answer_if_refused(dispatch):
             return
         try:
             argv, timeout, cwd = parse_command(dispatch.arguments)
