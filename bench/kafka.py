@@ -33,9 +33,8 @@ from typing import Final
 
 from confluent_kafka import Consumer, Producer
 
-from bench import passthrough
-from bench.local import report, summarize
-from bench.measure import dir_bytes, plot_rss, rss_bytes, write_csv
+from bench import figures, passthrough
+from bench.measure import dir_bytes, rss_bytes
 from bench.topics import create_topics, delete_topics, read_topic
 from bench.workload import (
     ARGUMENTS,
@@ -59,28 +58,10 @@ from torpor.streams.topics import Topic, TopicNames
 REPO: Final = Path(__file__).resolve().parents[1]
 TORPOR: Final = str(Path(sys.executable).with_name("torpor"))
 OUTPUT_TOPICS: Final = (Topic.OUTBOX, Topic.EVENTS, Topic.RECEIPTS, Topic.CHANGELOG, Topic.PARKED)
-WAVE_COLUMNS: Final = (
-    "wave",
-    "agents",
-    "completions",
-    "wave_seconds",
-    "completions_per_s",
-    "rss_bytes",
-    "store_bytes",
-)
 SUMMARY_COLUMNS: Final = (
-    "mode",
-    "agents",
-    "turns",
-    "wave",
+    *figures.RUN_COLUMNS,
     "partitions",
-    "completions",
-    "expected_completions",
-    "seconds",
-    "completions_per_s",
-    "rss_slope_kib_per_agent",
-    "idle_agents_in_8gb",
-    "store_bytes_per_agent",
+    *figures.MEASURED_COLUMNS,
     "changelog_bytes_per_agent",
     "checkpoint_records",
     "passthrough_seconds",
@@ -159,7 +140,7 @@ class Receipts:
 
 def run(
     bootstrap: str, agents: int, turns: int, wave: int, partitions: int, work: Path, keep_topics: bool
-) -> tuple[list[dict[str, object]], dict[str, object]]:
+) -> tuple[list[figures.WaveRow], dict[str, object]]:
     prefix = f"bench.{uuid.uuid4().hex[:10]}."
     settings = Settings(
         kafka=KafkaSettings(bootstrap_servers=bootstrap),
@@ -186,7 +167,7 @@ def run(
         processes.append(process)
         return process
 
-    rows: list[dict[str, object]] = []
+    rows: list[figures.WaveRow] = []
     try:
         processor = start(
             [
@@ -252,17 +233,8 @@ def run(
                 receipts.wait_for(expected, processor, work / "processor.log")
             seconds = time.perf_counter() - wave_started
             done = 2 * turns * len(ids)  # checked against the topic below
-            rows.append(
-                {
-                    "wave": len(rows),
-                    "agents": first + len(ids),
-                    "completions": done,
-                    "wave_seconds": round(seconds, 3),
-                    "completions_per_s": round(done / seconds, 1),
-                    "rss_bytes": rss_bytes(processor.pid),
-                    "store_bytes": dir_bytes(store_dir),
-                }
-            )
+            rss, store = rss_bytes(processor.pid), dir_bytes(store_dir)
+            rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, store))
             print(
                 f"wave {len(rows) - 1}: {first + len(ids)} agents in {seconds:.2f}s ({done / seconds:,.0f}"
                 f" completions/s), processor rss {rows[-1]['rss_bytes'] / 2**20:.1f} MiB",
@@ -280,7 +252,7 @@ def run(
         for _, _, value in inputs:
             body = decode_value(value, Input).body
             completions += isinstance(body, Completion) and body.error is None
-        summary = summarize("kafka", agents, turns, wave, completions, seconds, rows)
+        summary = figures.summarize("kafka", agents, turns, wave, completions, seconds, rows)
         outputs: dict[str, list[tuple[int, int]]] = defaultdict(list)
         changelog_bytes = 0
         checkpoint_records = 0  # one per partition a transaction covered: how finely commits cut
@@ -354,25 +326,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"work directory kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    write_csv(args.out / "kafka.csv", WAVE_COLUMNS, rows)
-    write_csv(args.out / "kafka-summary.csv", SUMMARY_COLUMNS, [summary])
-    plot_rss(
-        args.out / "kafka-rss.png",
-        [int(r["agents"]) for r in rows],  # type: ignore[call-overload]
-        [int(r["rss_bytes"]) for r in rows],
-        "Kafka mode: processor RSS after each wave",
-    )  # type: ignore[call-overload]
-    report(summary)
+    title = "Kafka mode: processor RSS after each wave"
+    figures.write(args.out, "kafka", SUMMARY_COLUMNS, rows, summary, title)
+    figures.report(summary)
     print(f"  changelog bytes per agent: {summary['changelog_bytes_per_agent']}")
     print(f"  checkpoint records (one per partition per transaction): {summary['checkpoint_records']}")
     print(
         f"  pass-through: {summary['passthrough_completions_per_s']} completions/s "
         f"in {summary['passthrough_seconds']}s; Torpor/pass-through = {summary['ratio_to_passthrough']}"
     )
-    if summary["completions"] != summary["expected_completions"]:
-        print("error: completions counted differ from agents * turns * 2", file=sys.stderr)
-        return 1
-    return 0
+    return figures.exit_status(summary)
 
 
 if __name__ == "__main__":

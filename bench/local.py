@@ -16,42 +16,21 @@ import argparse
 import asyncio
 import gc
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bench.measure import EIGHT_GB, dir_bytes, idle_agents_in, plot_rss, rss_bytes, slope, write_csv
+from bench import figures
+from bench.measure import dir_bytes, rss_bytes
 from bench.retention import RetainedLog
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms, tune_collector
 from torpor.schemas.records import Completion, Input
 from torpor.streams.log import LogRecord
 
-WAVE_COLUMNS: Final = (
-    "wave",
-    "agents",
-    "completions",
-    "wave_seconds",
-    "completions_per_s",
-    "rss_bytes",
-    "store_bytes",
-)
-SUMMARY_COLUMNS: Final = (
-    "mode",
-    "agents",
-    "turns",
-    "wave",
-    "completions",
-    "expected_completions",
-    "seconds",
-    "completions_per_s",
-    "rss_slope_kib_per_agent",
-    "idle_agents_in_8gb",
-    "store_bytes_per_agent",
-)
+SUMMARY_COLUMNS: Final = (*figures.RUN_COLUMNS, *figures.MEASURED_COLUMNS)
 WAVE_TIMEOUT_S: Final = 3600.0
 
 
@@ -67,7 +46,7 @@ class Counter:
 
 async def run(
     agents: int, turns: int, wave: int, store_dir: Path, batch_size: int
-) -> tuple[list[dict[str, object]], dict[str, object]]:
+) -> tuple[list[figures.WaveRow], dict[str, object]]:
     runtime: LocalRuntime
     # The tool's sink is bound late: the runtime needs the tool, the tool the runtime's sink.
     tool = ForgetfulBenchTool(lambda record: runtime.send(record), now_ms)
@@ -77,7 +56,7 @@ async def run(
     runtime.log = RetainedLog()  # type: ignore[assignment]
     counter = Counter()
     runtime.observers.append(counter.observe)
-    rows: list[dict[str, object]] = []
+    rows: list[figures.WaveRow] = []
     started = time.perf_counter()
     try:
         for first in range(0, agents, wave):
@@ -93,17 +72,8 @@ async def run(
             runtime.log.trim()  # type: ignore[attr-defined]
             gc.collect()
             done = counter.completions - before
-            rows.append(
-                {
-                    "wave": len(rows),
-                    "agents": first + len(ids),
-                    "completions": done,
-                    "wave_seconds": round(seconds, 3),
-                    "completions_per_s": round(done / seconds, 1),
-                    "rss_bytes": rss_bytes(),
-                    "store_bytes": dir_bytes(store_dir),
-                }
-            )
+            rss, store = rss_bytes(), dir_bytes(store_dir)
+            rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, store))
             print(
                 f"wave {len(rows) - 1}: {first + len(ids)} agents, {done} completions in {seconds:.2f}s "
                 f"({done / seconds:,.0f}/s), rss {rows[-1]['rss_bytes'] / 2**20:.1f} MiB",
@@ -112,48 +82,7 @@ async def run(
         seconds = time.perf_counter() - started
     finally:
         await runtime.close()
-    return rows, summarize("local", agents, turns, wave, counter.completions, seconds, rows)
-
-
-def summarize(
-    mode: str,
-    agents: int,
-    turns: int,
-    wave: int,
-    completions: int,
-    seconds: float,
-    rows: list[dict[str, object]],
-) -> dict[str, object]:
-    xs = [float(r["agents"]) for r in rows]  # type: ignore[arg-type]
-    per_agent = slope(xs, [float(r["rss_bytes"]) for r in rows])  # type: ignore[arg-type]
-    store = float(rows[-1]["store_bytes"]) / agents if rows else 0.0  # type: ignore[arg-type]
-    idle = idle_agents_in(EIGHT_GB, per_agent)
-    return {
-        "mode": mode,
-        "agents": agents,
-        "turns": turns,
-        "wave": wave,
-        "completions": completions,
-        "expected_completions": agents * turns * 2,
-        "seconds": round(seconds, 3),
-        "completions_per_s": round(completions / seconds, 1) if seconds else 0.0,
-        "rss_slope_kib_per_agent": "" if per_agent is None else round(per_agent / 1024, 3),
-        "idle_agents_in_8gb": "" if idle is None else idle,
-        "store_bytes_per_agent": round(store, 1),
-    }
-
-
-def report(summary: dict[str, object]) -> None:
-    print(
-        f"\n{summary['mode']}: {summary['completions']} completions "
-        f"(expected {summary['expected_completions']}) in {summary['seconds']}s = "
-        f"{summary['completions_per_s']} completions/s"
-    )
-    print(
-        f"  resident memory slope: {summary['rss_slope_kib_per_agent']} KiB per idle agent "
-        f"-> {summary['idle_agents_in_8gb']} idle agents in 8 GB"
-    )
-    print(f"  store bytes on disk per agent: {summary['store_bytes_per_agent']}")
+    return rows, figures.summarize("local", agents, turns, wave, counter.completions, seconds, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,19 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.store_dir is None:
             shutil.rmtree(store_dir, ignore_errors=True)
-    write_csv(args.out / "local.csv", WAVE_COLUMNS, rows)
-    write_csv(args.out / "local-summary.csv", SUMMARY_COLUMNS, [summary])
-    plot_rss(
-        args.out / "local-rss.png",
-        [int(r["agents"]) for r in rows],  # type: ignore[call-overload]
-        [int(r["rss_bytes"]) for r in rows],
-        "local mode: RSS after each wave",
-    )  # type: ignore[call-overload]
-    report(summary)
-    if summary["completions"] != summary["expected_completions"]:
-        print("error: completions counted differ from agents * turns * 2", file=sys.stderr)
-        return 1
-    return 0
+    figures.write(args.out, "local", SUMMARY_COLUMNS, rows, summary, "local mode: RSS after each wave")
+    figures.report(summary)
+    return figures.exit_status(summary)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Final
 
 import pytest
 
-from bench import kafka, local
+from bench import figures, kafka, local
 from bench.passthrough import apportion
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def _check_waves(rows: list[dict[str, str]], columns: tuple[str, ...]) -> None:
 def test_local_benchmark_runs_the_workload_and_writes_its_csvs(tmp_path: Path) -> None:
     done = _run("bench.local", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    _check_waves(_rows(tmp_path / "local.csv"), local.WAVE_COLUMNS)
+    _check_waves(_rows(tmp_path / "local.csv"), figures.WAVE_COLUMNS)
     _check_summary(_rows(tmp_path / "local-summary.csv")[0], local.SUMMARY_COLUMNS)
     assert (tmp_path / "local-rss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "completions/s" in done.stdout
@@ -66,7 +66,7 @@ def test_local_benchmark_runs_the_workload_and_writes_its_csvs(tmp_path: Path) -
 def test_kafka_benchmark_runs_the_workload_and_the_passthrough(kafka_bootstrap: str, tmp_path: Path) -> None:
     done = _run("bench.kafka", tmp_path, "--bootstrap", kafka_bootstrap, "--partitions", "2")
     assert done.returncode == 0, done.stdout + done.stderr
-    _check_waves(_rows(tmp_path / "kafka.csv"), kafka.WAVE_COLUMNS)
+    _check_waves(_rows(tmp_path / "kafka.csv"), figures.WAVE_COLUMNS)
     summary = _rows(tmp_path / "kafka-summary.csv")[0]
     _check_summary(summary, kafka.SUMMARY_COLUMNS)
     assert float(summary["changelog_bytes_per_agent"]) > 0

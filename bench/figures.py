@@ -1,0 +1,128 @@
+"""The figures of the issue-7 workload, as both modes (`bench.local`, `bench.kafka`) report them.
+
+Contract. `wave_row(...)` is one row of `<mode>.csv` (columns `WAVE_COLUMNS`), taken
+after a wave went idle. `summarize(...)` computes the figures both modes share
+(`RUN_COLUMNS` and `MEASURED_COLUMNS`: the rate, the resident-memory slope per idle
+agent, store bytes per agent; Kafka mode adds its own columns to the dict) and
+`report(summary)` prints them. `write(...)` writes `<mode>.csv`, `<mode>-summary.csv`
+and `<mode>-rss.png` into the output directory. `exit_status(summary)` is 0, or 1 (said
+on stderr) when the completions counted differ from agents * turns * 2: a benchmark that
+lost work must not report a rate.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+from bench.measure import EIGHT_GB, idle_agents_in, plot_rss, slope, write_csv
+
+WaveRow = dict[str, float]
+"""One row of `<mode>.csv`: every figure of a wave is a number."""
+
+WAVE_COLUMNS: Final = (
+    "wave",
+    "agents",
+    "completions",
+    "wave_seconds",
+    "completions_per_s",
+    "rss_bytes",
+    "store_bytes",
+)
+RUN_COLUMNS: Final = ("mode", "agents", "turns", "wave")
+"""What was run: the summary's first columns."""
+MEASURED_COLUMNS: Final = (
+    "completions",
+    "expected_completions",
+    "seconds",
+    "completions_per_s",
+    "rss_slope_kib_per_agent",
+    "idle_agents_in_8gb",
+    "store_bytes_per_agent",
+)
+"""What `summarize` measured, in the summary after `RUN_COLUMNS` (and any a mode adds there)."""
+
+
+def wave_row(wave: int, agents: int, completions: int, seconds: float, rss: int, store: int) -> WaveRow:
+    """The row of wave `wave`: `agents` so far, its `completions` in `seconds`, `rss` and `store` bytes."""
+    return {
+        "wave": wave,
+        "agents": agents,
+        "completions": completions,
+        "wave_seconds": round(seconds, 3),
+        "completions_per_s": round(completions / seconds, 1),
+        "rss_bytes": rss,
+        "store_bytes": store,
+    }
+
+
+def summarize(
+    mode: str,
+    agents: int,
+    turns: int,
+    wave: int,
+    completions: int,
+    seconds: float,
+    rows: Sequence[WaveRow],
+) -> dict[str, object]:
+    """The summary of a run of `rows` (`RUN_COLUMNS` and `MEASURED_COLUMNS`)."""
+    xs = [float(r["agents"]) for r in rows]
+    per_agent = slope(xs, [float(r["rss_bytes"]) for r in rows])
+    store = float(rows[-1]["store_bytes"]) / agents if rows else 0.0
+    idle = idle_agents_in(EIGHT_GB, per_agent)
+    return {
+        "mode": mode,
+        "agents": agents,
+        "turns": turns,
+        "wave": wave,
+        "completions": completions,
+        "expected_completions": agents * turns * 2,
+        "seconds": round(seconds, 3),
+        "completions_per_s": round(completions / seconds, 1) if seconds else 0.0,
+        "rss_slope_kib_per_agent": "" if per_agent is None else round(per_agent / 1024, 3),
+        "idle_agents_in_8gb": "" if idle is None else idle,
+        "store_bytes_per_agent": round(store, 1),
+    }
+
+
+def report(summary: Mapping[str, object]) -> None:
+    """Print the figures `summarize` computed."""
+    print(
+        f"\n{summary['mode']}: {summary['completions']} completions "
+        f"(expected {summary['expected_completions']}) in {summary['seconds']}s = "
+        f"{summary['completions_per_s']} completions/s"
+    )
+    print(
+        f"  resident memory slope: {summary['rss_slope_kib_per_agent']} KiB per idle agent "
+        f"-> {summary['idle_agents_in_8gb']} idle agents in 8 GB"
+    )
+    print(f"  store bytes on disk per agent: {summary['store_bytes_per_agent']}")
+
+
+def write(
+    out: Path,
+    mode: str,
+    summary_columns: Sequence[str],
+    rows: Sequence[WaveRow],
+    summary: Mapping[str, object],
+    plot_title: str,
+) -> None:
+    """Write `<mode>.csv`, `<mode>-summary.csv` (`summary_columns`) and `<mode>-rss.png` into `out`."""
+    write_csv(out / f"{mode}.csv", WAVE_COLUMNS, rows)
+    write_csv(out / f"{mode}-summary.csv", summary_columns, [summary])
+    plot_rss(
+        out / f"{mode}-rss.png",
+        [int(r["agents"]) for r in rows],
+        [int(r["rss_bytes"]) for r in rows],
+        plot_title,
+    )
+
+
+def exit_status(summary: Mapping[str, object]) -> int:
+    """0 if every completion of the workload was counted, else 1 after saying so on stderr."""
+    if summary["completions"] != summary["expected_completions"]:
+        print("error: completions counted differ from agents * turns * 2", file=sys.stderr)
+        return 1
+    return 0
