@@ -406,6 +406,19 @@ def test_every_child_ends_with_exactly_one_terminal_report() -> None:
     assert len(terminal) == 1
 
 
+def test_two_close_thread_calls_in_one_turn_close_once_with_the_first_report() -> None:
+    world = started()
+    with_call(world, ("s1", "spawn_thread", {"instructions": "go"}))
+    world.reply("t", "waiting")
+    child = world.children("t")[0]
+    world.reply(child, "bye", (call("k1", "close_thread", {"report": "the first"}),
+                               call("k2", "close_thread", {"report": "the second"})))
+    answers = {r.call_id: (r.ok, r.content[0].text) for r in results(world, child)}  # type: ignore[union-attr]
+    assert answers["k1"] == (True, b.THREAD_CLOSED) and answers["k2"] == (False, b.ALREADY_CLOSING)
+    terminal = [i.body for i in world.inputs if isinstance(i.body, ChildReport) and i.body.kind != "report"]
+    assert len(terminal) == 1 and "the first" in terminal[0].text and "the second" not in terminal[0].text
+
+
 def test_the_root_cannot_report_or_close() -> None:
     world = started()
     with_call(world, ("k1", "report_to_parent", {"report": "x"}), ("k2", "close_thread", {}))

@@ -89,6 +89,8 @@ REPORT_SENT: Final = "Report sent to parent thread."
 REPORT_FROM_ROOT: Final = "Error: this is the root thread; it has no parent to report to."
 CLOSE_ROOT: Final = "Error: the root thread cannot be closed."
 THREAD_CLOSED: Final = "Thread closed."
+ALREADY_CLOSING: Final = ("Error: an earlier close_thread call of this turn already closes the thread, "
+                          "with its report; this one did nothing.")
 CLOSED_BEFORE_RESULT: Final = "Error: the thread was closed before this call finished."
 TOO_MANY_CHILDREN: Final = "Error: this thread may not spawn more children (budget max_children)."
 

@@ -133,6 +133,10 @@ def _run_builtin(draft: Draft, call: ToolCall, turn_seq: int) -> CallOutcome:
         if is_root(state):
             answer(draft, call, b.CLOSE_ROOT, ok=False)
             return CallOutcome.ANSWERED
+        if draft.closing:  # only the first close_thread of a turn closes, with its report
+            answer(draft, call, b.ALREADY_CLOSING, ok=False)
+            return CallOutcome.ANSWERED
+        draft.closing = True
         answer(draft, call, b.THREAD_CLOSED)
         report = args.get("report")
         draft.close_report = report if isinstance(report, str) and report else None

@@ -68,6 +68,7 @@ class Draft:
     deleted: bool = False
     reason: str | None = None
     close_report: str | None = None  # set by a valid close_thread call; fold.py closes
+    closing: bool = False  # a close_thread call of this turn was valid: the first one wins
     _counter: int = 0
 
     @property
