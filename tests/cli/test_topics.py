@@ -80,3 +80,12 @@ def test_send_to_a_prefix_without_topics_names_the_topic_and_creates_nothing(kaf
     assert sent.returncode == 1, sent
     assert "Traceback" not in sent.stderr and names.inputs in sent.stderr, sent.stderr
     assert names.inputs not in admin.list_topics(timeout=10).topics
+
+
+def test_tail_of_a_thread_with_nothing_to_show_says_so(kafka_bootstrap: str, prefix: str,
+                                                       tmp_path: Path) -> None:
+    assert _torpor(kafka_bootstrap, prefix, "topics", "create").returncode == 0
+    tailed = _torpor(kafka_bootstrap, prefix, "tail", "nobody", "--no-follow", "--resume-file",
+                     str(tmp_path / "tail.json"))
+    assert tailed.returncode == 0 and tailed.stdout == "", tailed
+    assert "nothing of thread 'nobody'" in tailed.stderr and "no such thread" in tailed.stderr, tailed.stderr

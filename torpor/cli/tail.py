@@ -16,8 +16,9 @@ that has named more than 1,000 child threads saves every 0.2 s instead, so SIGKI
 repeat up to that much; a clean stop still saves exactly.) If retention deleted
 records the file still pointed at, the tail says how many were lost before going on.
 
-`--no-follow` stops at the end of what is committed now (exit 0); otherwise it follows
-until interrupted.
+`--no-follow` stops at the end of what is committed now (exit 0; from the start of the
+topic, a thread with nothing to show is said to be unknown on stderr); otherwise it
+follows until interrupted.
 """
 
 from __future__ import annotations
@@ -139,10 +140,12 @@ def tail(
             )
             unsaved: Position | None = None
             saved_at = time.monotonic()
+            shown = 0
             try:
                 for step in steps:
                     line = renderer.render(step.item)
                     if line is not None:
+                        shown += 1
                         click.echo(line)
                         sys.stdout.flush()
                     # A printed line is saved at once (small state) so a crash repeats at most
@@ -160,6 +163,10 @@ def tail(
                 steps.close()  # unassign now, while the observer's consumer is open
                 if unsaved is not None:
                     _save(path, thread, unsaved, renderer)
+            if thread is not None and no_follow and not loaded and not from_end and shown == 0:
+                click.echo(f"torpor tail: nothing of thread {thread!r} on {settings.topics.prefix}events "
+                           "(kept a day by default): no such thread, or none of its events are left",
+                           err=True)
     except TorporError as error:
         raise click.ClickException(str(error)) from None
     except BrokenPipeError:  # `torpor tail | head`: the reader left; the position is saved
