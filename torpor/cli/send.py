@@ -177,18 +177,32 @@ def _int(value: object) -> int:
     return int(value)
 
 
+TOOLS_WAIT_S: Final = 30.0
+"""How long `--tool` waits for a connector to publish a tool: one started a moment ago
+(the README's by-hand flow) publishes its manifest within a few seconds."""
+
+
 def _resolve(names: list[str], settings: Settings) -> tuple[ToolSpec, ...]:
-    try:
-        published = {spec.name: spec for m in read_toolsets(settings).values() for spec in m.specs}
-    except TorporError as error:
-        raise click.ClickException(f"cannot read the toolsets topic to resolve {names}: {error}") from None
-    missing = [n for n in names if n not in published]
-    if missing:
-        raise click.UsageError(
-            f"no connector published the tools {missing}; published: "
-            f"{sorted(published) or 'none (start the connectors first)'}"
-        )
-    return tuple(published[n] for n in names)
+    deadline = time.monotonic() + TOOLS_WAIT_S
+    said = False
+    while True:
+        try:
+            published = {spec.name: spec for m in read_toolsets(settings).values() for spec in m.specs}
+        except TorporError as error:
+            raise click.ClickException(f"cannot read the toolsets topic to resolve {names}: {error}") \
+                from None
+        missing = [n for n in names if n not in published]
+        if not missing:
+            return tuple(published[n] for n in names)
+        if time.monotonic() >= deadline:
+            raise click.UsageError(
+                f"no connector published the tools {missing} within {TOOLS_WAIT_S:g} s; published: "
+                f"{sorted(published) or 'none (start the connectors first)'}"
+            )
+        if not said:
+            click.echo(f"waiting up to {TOOLS_WAIT_S:g} s for a connector to publish {missing}", err=True)
+            said = True
+        time.sleep(0.5)
 
 
 @click.command("send")
