@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.connectors.test_journal import CAPABILITY
 from tests.processors.test_processor import Deployment, deployment
@@ -66,6 +66,18 @@ def _produce(deployment: Deployment, *dispatches: Dispatch) -> None:
     assert producer.flush(30) == 0
 
 
+def _committed(deployment: Deployment) -> int:
+    """How many outbox records the runtime's group has committed, over every partition."""
+    consumer = Consumer({"bootstrap.servers": deployment.bootstrap, "group.id": f"g-{deployment.prefix}"})
+    try:
+        topic = deployment.topic("outbox")
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        return sum(max(tp.offset, 0) for tp in found)
+    finally:
+        consumer.close()
+
+
 def _results(deployment: Deployment) -> list[ToolResult]:
     return [i.body for i in deployment.inputs() if isinstance(i.body, ToolResult)]
 
@@ -110,6 +122,7 @@ def test_concurrency_is_bounded_and_every_dispatch_is_answered(
     journal = EffectJournal(tmp_path / "journal")
     assert {e.state for e in journal.effects()} == {EffectState.DELIVERED}
     journal.close()
+    assert _committed(deployment) == 4  # the asynchronous commits were answered, the last one at the stop
 
 
 def test_a_redelivered_dispatch_is_not_run_again(deployment: Deployment, tmp_path: Path) -> None:

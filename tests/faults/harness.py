@@ -50,6 +50,7 @@ from typing import Final
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from tests.faults.diagnosis import describe
 from tests.waiting import wait_until
 from torpor.connectors.echo import ECHO_SPEC
 from torpor.processors.fold.state import Status
@@ -122,6 +123,11 @@ PROCESSOR_CONFIG: Final = """\
 "heartbeat.interval.ms" = 1000
 """
 
+# The harness's own clients outlive the broker restart, as Torpor's do: configured like
+# them (streams.config), without librdkafka's re-bootstrap, which leaves references to the
+# brokers it drops (confluentinc/librdkafka#5511).
+SURVIVES_RESTART: Final = {"metadata.recovery.strategy": "none"}
+
 
 @dataclass(frozen=True, slots=True)
 class SoakConfig:
@@ -136,6 +142,9 @@ class SoakConfig:
     kill_timeout: float = 60.0
     # How long the conversations may take to end after the last fault.
     finish_timeout: float = 240.0
+    # librdkafka `debug` contexts for the processors and the connector (e.g. "cgrp,eos"):
+    # their logs then show what a client waits for. None: no debug output.
+    librdkafka_debug: str | None = None
 
 
 @dataclass(slots=True)
@@ -253,12 +262,15 @@ class Soak:
         self.bootstrap = ""
         self.report = SoakReport(config.seed, threads=config.threads)
         (self.root / "script.toml").write_text(SCRIPT)
-        (self.root / "processor.toml").write_text(PROCESSOR_CONFIG)
+        debug = "" if config.librdkafka_debug is None else f'"debug" = "{config.librdkafka_debug}"\n'
+        (self.root / "processor.toml").write_text(PROCESSOR_CONFIG + debug)
+        (self.root / "connector.toml").write_text("[kafka.librdkafka]\n" + debug)
         self.threads = [f"soak-{i:03d}-{uuid.uuid4().hex[:4]}" for i in range(config.threads)]
         self.started: list[str] = []
         self.round_two_sent: set[str] = set()
         self.answers: dict[str, list[str]] = {}
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.logs: list[tuple[subprocess.Popen[bytes], Path]] = []
         self._events: Consumer | None = None
         self._producer: Producer | None = None
         self._logs = 0
@@ -289,6 +301,7 @@ class Soak:
         with open(path, "wb") as log:
             process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.processes.append(process)
+        self.logs.append((process, path))
         return process, path
 
     def processor(self, instance: str, fault: str | None = None) -> tuple[subprocess.Popen[bytes], Path]:
@@ -300,14 +313,15 @@ class Soak:
 
     def echo(self) -> tuple[subprocess.Popen[bytes], Path]:
         return self.start([TORPOR, "connector", "run-echo", "--group", f"echo-{self.prefix}",
-                           "--journal-dir", str(self.root / "echo-journal")], "echo")
+                           "--journal-dir", str(self.root / "echo-journal"),
+                           "--config", str(self.root / "connector.toml")], "echo")
 
     # --- conversations ---------------------------------------------------------------
 
     def send(self, *records: Input) -> None:
         if self._producer is None:
             self._producer = Producer({"bootstrap.servers": self.bootstrap, "partitioner": "murmur2_random",
-                                       "enable.idempotence": True, "log_level": 2})
+                                       "enable.idempotence": True, "log_level": 2, **SURVIVES_RESTART})
         for record in records:
             self._producer.produce(f"{self.prefix}inputs", key=record.thread_id.encode(),
                                    value=encode_value(record))
@@ -330,7 +344,7 @@ class Soak:
             self._events = Consumer({"bootstrap.servers": self.bootstrap,
                                      "group.id": f"drive-{uuid.uuid4().hex}",
                                      "isolation.level": "read_committed", "enable.auto.commit": False,
-                                     "auto.offset.reset": "earliest", "log_level": 2})
+                                     "auto.offset.reset": "earliest", "log_level": 2, **SURVIVES_RESTART})
             self._events.subscribe([f"{self.prefix}events"])
         for message in self._events.consume(1000, timeout=0.2):
             if message.error() is not None:
@@ -488,6 +502,17 @@ class Soak:
     def finished(self) -> bool:
         return all(END_TWO in self.answers.get(t, ()) for t in self.threads)
 
+    def diagnosis(self) -> str:
+        """Where the conversations stand and what each process last said (`tests.faults.diagnosis`)."""
+        unfinished = {t: self.answers.get(t, []) for t in self.threads
+                      if END_TWO not in self.answers.get(t, ())}
+        shown = dict(list(unfinished.items())[:8])
+        # The connector and the processors still running, or the last to exit: who stalled.
+        runs = [(p, path) for p, path in self.logs if "echo" in path.name or p.poll() is None]
+        runs += [run for run in self.logs[-2:] if run not in runs]
+        return (f"{len(unfinished)} conversations unfinished, answers so far: {shown}\n"
+                f"processes:\n{describe(sorted(runs, key=lambda run: run[1].name))}")
+
     # --- the audit --------------------------------------------------------------------
 
     def audit(self) -> None:
@@ -585,7 +610,7 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
         if not soak.wait(soak.finished, config.finish_timeout):
             ended = soak.drive()
             soak.report.problems.append(f"only {ended} of {len(soak.threads)} conversations ended "
-                                        f"within {config.finish_timeout:.0f}s")
+                                        f"within {config.finish_timeout:.0f}s; {soak.diagnosis()}")
         for process in soak.processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -595,6 +620,11 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
             except subprocess.TimeoutExpired:
                 process.kill()
         soak.audit()
+    except BaseException:
+        # Interrupted (pytest-timeout, ^C) or the harness failed: say what the processes
+        # were doing before the cleanup below kills them.
+        say(f"soak interrupted after {time.monotonic() - began:.0f}s; {soak.diagnosis()}")
+        raise
     finally:
         for process in soak.processes:
             if process.poll() is None:

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=None, help="logs and stores (default: a temp dir)")
     parser.add_argument("--no-zombie", action="store_true")
     parser.add_argument("--no-broker-restart", action="store_true")
+    parser.add_argument("--librdkafka-debug", default=None, metavar="CONTEXTS",
+                        help="librdkafka debug contexts for the processors and the connector, "
+                             "e.g. cgrp,eos (their logs grow large)")
     args = parser.parse_args(argv)
     if args.kills < 0 or args.threads < 1:
         parser.error("--kills must be >= 0 and --threads >= 1")
@@ -32,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"logs and stores in {root}", flush=True)
     report = run_soak(SoakConfig(kills=args.kills, threads=args.threads, seed=seed, root=root,
                                  broker_dir=args.broker_dir, zombie=not args.no_zombie,
-                                 broker_restart=not args.no_broker_restart),
+                                 broker_restart=not args.no_broker_restart,
+                                 librdkafka_debug=args.librdkafka_debug),
                       say=lambda line: print(line, flush=True))
     print(report.summary(), flush=True)
     return 0 if not report.problems else 1

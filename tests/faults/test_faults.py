@@ -7,7 +7,9 @@ then the read_committed audit. The long soak is `python -m tests.faults.soak` (d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -16,11 +18,20 @@ from torpor.streams import faults
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
+CONFIG: Final = SoakConfig(kills=len(faults.POINTS), threads=7, seed=20261203, root=Path("run"),
+                           broker_dir=Path("broker"))
+# pytest-timeout must not cut the harness short of its own report: the phases before the
+# finish wait take about a minute here (each bounded: a kill by `kill_timeout`, the zombie's
+# waits by 60-90 s), then come the finish wait, a minute for the processes to stop and the
+# audit. 600 s more than the finish wait leaves the harness time to report on a slow
+# machine, and keeps a stuck run well inside CI's budget.
+TIMEOUT: Final = CONFIG.finish_timeout + 600
 
+
+@pytest.mark.timeout(TIMEOUT)
 def test_kills_at_every_point_a_zombie_and_a_broker_restart_lose_nothing_and_repeat_nothing(
         tmp_path: Path) -> None:
-    report = run_soak(SoakConfig(kills=len(faults.POINTS), threads=7, seed=20261203, root=tmp_path / "run",
-                                 broker_dir=tmp_path / "broker"))
+    report = run_soak(replace(CONFIG, root=tmp_path / "run", broker_dir=tmp_path / "broker"))
     print(report.summary())
     assert report.problems == [], report.summary()
     assert dict(report.kills) == {point: 1 for point in faults.POINTS}, report.summary()

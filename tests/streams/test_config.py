@@ -323,8 +323,20 @@ def test_the_admin_config_carries_connection_settings_only() -> None:
     assert conf == {
         "bootstrap.servers": "localhost:9092",
         "security.protocol": "PLAINTEXT",
+        "metadata.recovery.strategy": "none",
         "client.id": "torpor-admin",
     }
+
+
+def test_no_client_re_bootstraps_unless_told_to() -> None:
+    # librdkafka#5511: a re-bootstrap leaves a transactional producer waiting for a dropped
+    # group coordinator (what the fault soak's broker restart ran into).
+    for conf in (producer_config(Settings(), transactional_id="t"), consumer_config(Settings(), "g"),
+                 admin_config(Settings())):
+        assert conf["metadata.recovery.strategy"] == "none"
+    override = (("metadata.recovery.strategy", "rebootstrap"),)
+    told = Settings(kafka=KafkaSettings(librdkafka_overrides=override))
+    assert producer_config(told)["metadata.recovery.strategy"] == "rebootstrap"
 
 
 def test_librdkafka_accepts_every_dict_it_is_given() -> None:

@@ -23,7 +23,9 @@ Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=..
   partitions are paused, the group membership kept): for tools that cost a process or
   a connection each. Waits (timers) count as running: leave it unset for them;
 - commits outbox offsets as soon as the dispatches are journaled: the journal, not the
-  offset, holds an effect from then on, so a week-long timer holds back nothing.
+  offset, holds an effect from then on, so a week-long timer holds back nothing. Commits
+  are asynchronous (`connectors.offsets`): a group without a coordinator (a broker
+  restart) delays them, never the loop, which keeps serving dispatches meanwhile.
 
 Message ids of answers derive from the request id (`InProcessConnector.produce`), so any
 answer produced twice (a re-run after a crash, a re-sent stored answer) is one input to
@@ -53,6 +55,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
 from torpor.connectors.journal import EffectJournal, EffectState
 from torpor.connectors.manifest import publish_manifest
+from torpor.connectors.offsets import OutboxOffsets
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Dispatch, Input, TextBlock, TimerFired, ToolEvent, ToolResult, ToolSpec
@@ -69,9 +72,7 @@ log = logging.getLogger(__name__)
 POLL_SECONDS: Final = 0.05
 # Dispatches taken per poll at most.
 TAKE: Final = 100
-# How often journaled dispatches have their offsets committed.
-COMMIT_SECONDS: Final = 1.0
-# Deliver answers before stopping.
+# Deliver answers before stopping; and wait at most as long for the last outbox commit.
 FLUSH_SECONDS: Final = 10.0
 # How often settled effects older than the retention are forgotten (a scan of the journal).
 PRUNE_SECONDS: Final = 3600.0
@@ -135,7 +136,8 @@ class ConnectorRuntime:
         self._clock = clock
         self._retention_ms = retention_ms
         self.journal = journal or EffectJournal()
-        self._consumer = make_consumer(settings, group)
+        self._consumer = make_consumer(settings, group, on_commit=self._on_commit)
+        self._offsets = OutboxOffsets(self._consumer, self._topics.outbox)
         self._producer = make_producer(settings)
         metadata = self._producer.list_topics(self._topics.inputs, timeout=10.0).topics[self._topics.inputs]
         if metadata.error is not None:
@@ -145,8 +147,6 @@ class ConnectorRuntime:
         self.connector = factory(self._send, clock)
         self._tools = frozenset(spec.name for spec in self.connector.specs)
         self._fault = os.environ.get(FAULT_ENV) == AFTER_EFFECT
-        self._uncommitted: dict[int, int] = {}
-        self._last_commit = 0.0
         self._last_prune = 0.0
         # Since when nothing ran, nothing was unread and everything was committed (None:
         # busy). Written by the loop only; a processor hosting this runtime reads it.
@@ -235,8 +235,7 @@ class ConnectorRuntime:
                 for message in messages:
                     self._take(message.error(), message.value(), message.partition(), message.offset())
                 self._producer.poll(0)
-                if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_SECONDS:
-                    self._commit()
+                self._offsets.commit_due()
                 if time.monotonic() - self._last_prune >= PRUNE_SECONDS:
                     self._prune()
                 idle = not messages and self.connector.busy == 0 and self._caught_up()
@@ -250,9 +249,13 @@ class ConnectorRuntime:
             await self.connector.close()
             if self._producer.flush(FLUSH_SECONDS) > 0:
                 log.warning("some answers were not delivered before the stop: re-sent at the next start")
-            self._commit()
+            self._offsets.commit_now(FLUSH_SECONDS)
             self._consumer.close()
             self.journal.close()
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        # Bound before `_offsets` exists (the consumer needs its callback first).
+        self._offsets.on_commit(error, partitions)
 
     def _caught_up(self) -> bool:
         """Every assigned outbox partition read to its end (cached watermarks: no request)."""
@@ -266,7 +269,7 @@ class ConnectorRuntime:
                 return False
             if high > 0 and (position.offset < 0 or position.offset < high):
                 return False
-        return not self._uncommitted
+        return self._offsets.settled
 
     def _room(self) -> int:
         """How many dispatches to take now: all that come, or what `max_concurrency` leaves."""
@@ -323,7 +326,7 @@ class ConnectorRuntime:
                 return
             raise translate(error, operation="consume outbox")
         assert partition is not None and offset is not None
-        self._uncommitted[partition] = offset + 1
+        self._offsets.taken(partition, offset)
         try:
             dispatch = self._codec.decode(self._topics.outbox, value or b"", Dispatch,
                                           partition=partition, offset=offset)
@@ -356,17 +359,3 @@ class ConnectorRuntime:
         elif dispatch.kind == APPROVAL_DECISION:
             self.journal.follow(dispatch, now)
         self.connector.submit(dispatch)
-
-    def _commit(self) -> None:
-        """Commit what was taken: every invoke in it is journaled, so the journal owns it."""
-        self._last_commit = time.monotonic()
-        if not self._uncommitted:
-            return
-        offsets = [TopicPartition(self._topics.outbox, p, o) for p, o in self._uncommitted.items()]
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("outbox commit failed, dispatches will be redelivered (the journal absorbs "
-                        "them): %s", translate(exc, operation="commit"))
-            return
-        self._uncommitted.clear()

@@ -14,9 +14,10 @@ The clients returned are confluent-kafka's own: their calls can still raise
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Final
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata  # the public name is not re-exported for typing
 
@@ -29,6 +30,10 @@ from torpor.streams.errors import BrokerUnreachableError, kafka_error_of, transl
 # first connection refused) is retried within the caller's deadline instead of once.
 REACHABILITY_CALL_SECONDS: Final = 5.0
 _RETRY_PAUSE: Final = 0.1
+
+OnCommit = Callable[[KafkaError | None, list[TopicPartition]], None]
+"""librdkafka's `on_commit` callback: the error of the whole commit (None: none), and each
+partition with its committed offset or its own `error`."""
 
 # What librdkafka reports when no broker answered: keep trying until the deadline.
 _NO_ANSWER: Final[frozenset[int]] = frozenset(
@@ -65,9 +70,16 @@ def make_producer(settings: Settings, transactional_id: str | None = None) -> Pr
         raise _refused(exc) from exc
 
 
-def make_consumer(settings: Settings, group_id: str, instance_id: str | None = None) -> Consumer:
-    """A read_committed, manually committing consumer; see `config.consumer_config`."""
-    conf = consumer_config(settings, group_id, instance_id=instance_id)
+def make_consumer(settings: Settings, group_id: str, instance_id: str | None = None,
+                  on_commit: OnCommit | None = None) -> Consumer:
+    """A read_committed, manually committing consumer; see `config.consumer_config`.
+
+    `on_commit` receives the broker's answer to every commit (asynchronous ones included),
+    from within the consumer's `consume()`, `poll()` or `close()`.
+    """
+    conf: dict[str, object] = dict(consumer_config(settings, group_id, instance_id=instance_id))
+    if on_commit is not None:
+        conf["on_commit"] = on_commit
     try:
         return Consumer(conf)
     except KafkaException as exc:

@@ -593,6 +593,15 @@ def _base(kafka: KafkaSettings) -> ClientConfig:
     conf: ClientConfig = {
         "bootstrap.servers": kafka.bootstrap_servers,
         "security.protocol": kafka.security_protocol.value,
+        # librdkafka's default, `rebootstrap`, drops every broker it learned once all of them
+        # are down at once (a one-node cluster restarting, a whole-cluster outage) and starts
+        # over from `bootstrap.servers`. References to the dropped brokers outlive them: a
+        # transactional producer keeps one as its group coordinator, and its next
+        # send_offsets_to_transaction waits for a broker thread that is gone
+        # (confluentinc/librdkafka#5511, open). The soak's broker restart hit it after nearly
+        # every restart; with `none` the clients reconnect to the brokers they knew.
+        # Overridable in [kafka.librdkafka] for a cluster whose brokers all change address.
+        "metadata.recovery.strategy": "none",
     }
     if kafka.security_protocol.is_sasl and kafka.sasl_username and kafka.sasl_password:
         conf["sasl.mechanism"] = kafka.sasl_mechanism.value
