@@ -25,6 +25,7 @@ from torpor.schemas.errors import ConfigError
 from torpor.streams.config import Settings, admin_config, consumer_config, producer_config
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import BrokerUnreachableError, kafka_error_of, translate
+from torpor.streams.kafkalog import KAFKA_LOG
 
 # One metadata request waits at most this long, so that a broker still starting up (or a
 # first connection refused) is retried within the caller's deadline instead of once.
@@ -65,7 +66,7 @@ def make_producer(settings: Settings, transactional_id: str | None = None) -> Pr
     """
     conf = producer_config(settings, transactional_id=transactional_id)
     try:
-        return Producer(conf)
+        return Producer({**conf, "logger": KAFKA_LOG})
     except KafkaException as exc:
         raise _refused(exc) from exc
 
@@ -77,7 +78,8 @@ def make_consumer(settings: Settings, group_id: str, instance_id: str | None = N
     `on_commit` receives the broker's answer to every commit (asynchronous ones included),
     from within the consumer's `consume()`, `poll()` or `close()`.
     """
-    conf: dict[str, object] = dict(consumer_config(settings, group_id, instance_id=instance_id))
+    conf: dict[str, object] = {**consumer_config(settings, group_id, instance_id=instance_id),
+                               "logger": KAFKA_LOG}
     if on_commit is not None:
         conf["on_commit"] = on_commit
     try:
@@ -88,9 +90,9 @@ def make_consumer(settings: Settings, group_id: str, instance_id: str | None = N
 
 def make_admin(settings: Settings) -> AdminClient:
     """An admin client for the configured cluster; see `config.admin_config`."""
-    conf = admin_config(settings)
+    conf: dict[str, object] = {**admin_config(settings), "logger": KAFKA_LOG}
     try:
-        return AdminClient(conf)
+        return AdminClient(conf)  # type: ignore[arg-type]  # the stub omits `logger`, which it takes
     except KafkaException as exc:
         raise _refused(exc) from exc
 

@@ -36,6 +36,7 @@ from torpor.schemas.records import HistoryEntry, Receipt, ThreadEvent
 from torpor.streams.config import Settings, consumer_config
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import translate
+from torpor.streams.kafkalog import KAFKA_LOG
 from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
 
@@ -140,7 +141,7 @@ class Observer:
             self._types[self._names.receipts] = Receipt
         conf = consumer_config(settings, f"torpor-observer-{uuid.uuid4().hex}")
         conf["enable.partition.eof"] = True  # how a read learns it reached what is committed now
-        self._consumer = Consumer(conf)
+        self._consumer = Consumer({**conf, "logger": KAFKA_LOG})
         self._partitions: dict[str, int] = {}
 
     @property
