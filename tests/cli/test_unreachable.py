@@ -36,3 +36,4 @@ def test_a_command_with_no_broker_to_reach_prints_one_line_and_exits_1(command: 
     ours = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
     assert ours == [ours[0]] and "cannot reach the Kafka broker" in ours[0], done.stderr[-2000:]
     assert "--bootstrap" in ours[0]
+    assert "%3|" not in done.stderr, done.stderr[-2000:]  # librdkafka's log goes through Python logging
