@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from torpor.processors.fold.effects import (
     AppendHistory,
@@ -184,6 +184,10 @@ def visible(history: list[HistoryEntry], up_to: int) -> tuple[HistoryEntry, ...]
     return (latest, *rest)
 
 
+def _fields_of(state: ThreadState | None) -> tuple[object, ...]:
+    return () if state is None else tuple(getattr(state, f.name) for f in fields(state))
+
+
 @dataclass
 class World:
     """Threads folded in memory, effects applied as a shell would. See the module docstring."""
@@ -238,7 +242,11 @@ class World:
             provenance=provenance,
             default_config=self.default_config,
         )
-        transition = fold(self.states.get(thread_id), record, facts)
+        before = self.states.get(thread_id)
+        kept = _fields_of(before)
+        transition = fold(before, record, facts)
+        # The fold drafts on its own copy (`Draft`): the state it was given never changes.
+        assert all(a is b for a, b in zip(_fields_of(before), kept, strict=True)), "fold changed its input"
         self.transitions.append(transition)
         self.states[thread_id] = transition.state
         return self.apply(thread_id, transition.effects)

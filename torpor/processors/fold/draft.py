@@ -6,6 +6,15 @@ function: same state, input and facts in, same transition out. It builds effects
 history entries (advancing the hash chain) but never assigns `ThreadState.status`:
 that is `fold.py`'s alone.
 
+The state. `Draft.state` is the draft's own copy of the input state, made once when the
+draft is created and changed in place by `replace` (about eight changes per input; a
+`dataclasses.replace` of the 25-field `ThreadState` for each cost most of the fold). The
+caller's state is never touched, and the copy is handed out only as the finished
+`Transition.state`, after which nobody changes it: outside one `fold` call every
+`ThreadState` is as frozen as its class says. Inside, a local `state = draft.state` is the
+same object: a field read after a `replace` shows the new value, so read what you need
+before you change it.
+
 Ids: every id minted here derives from the message id of the input being folded
 (`current`, which differs from `origin` only while a deferred input is released) plus a
 label and a counter, so a replay mints the same ids.
@@ -15,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 from dataclasses import dataclass, field
+from typing import Final
 
 from torpor.processors.fold.effects import (
     AppendHistory,
@@ -44,6 +55,18 @@ from torpor.schemas.records import (
 PROCESSOR_SOURCE = "processor"
 
 
+_SLOTS: Final[tuple[types.MemberDescriptorType, ...]] = tuple(
+    getattr(ThreadState, f.name) for f in dataclasses.fields(ThreadState))
+
+
+def _own_copy(state: ThreadState) -> ThreadState:
+    """A field-for-field copy of `state` for one draft to change in place (module docstring)."""
+    copy = object.__new__(ThreadState)
+    for slot in _SLOTS:
+        slot.__set__(copy, slot.__get__(state))
+    return copy
+
+
 def json_text(value: object) -> str:
     """Deterministic JSON text (sorted keys, no spaces) for dispatch arguments and event data."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -70,6 +93,10 @@ class Draft:
     close_report: str | None = None  # set by a valid close_thread call; fold.py closes
     closing: bool = False  # a close_thread call of this turn was valid: the first one wins
     _counter: int = 0
+    _touched: set[str] = field(default_factory=set)  # the fields `replace` assigned
+
+    def __post_init__(self) -> None:
+        self.state = _own_copy(self.state)
 
     @property
     def now(self) -> int:
@@ -85,8 +112,22 @@ class Draft:
         return derive_id(self.current.message_id, *parts)
 
     def replace(self, **changes: object) -> ThreadState:
-        self.state = dataclasses.replace(self.state, **changes)  # type: ignore[arg-type]
-        return self.state
+        """Change fields of the draft's own state in place (module docstring); return it."""
+        state = self.state
+        for name, value in changes.items():
+            object.__setattr__(state, name, value)
+        self._touched.update(changes)
+        return state
+
+    def is_changed_from(self, before: ThreadState) -> bool:
+        """Whether the draft's state differs from `before` (the state it was drafted from):
+        what `!=` on the two would say, comparing only the fields `replace` assigned."""
+        state = self.state
+        for name in self._touched:
+            old, new = getattr(before, name), getattr(state, name)
+            if old is not new and old != new:
+                return True
+        return False
 
     # --- history ----------------------------------------------------------------------
 

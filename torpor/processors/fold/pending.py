@@ -68,11 +68,12 @@ def end_call(draft: Draft, call: PendingCall, body: ToolResultEntry, answered: b
     not stale). `cancel`: tell the connector (or the timer) to stop working on it."""
     state = draft.state
     remembered = with_answered(state.answered_calls, call.call_id) if answered else state.answered_calls
+    had_approval = any(a.call_id == call.call_id for a in state.approvals)
     draft.replace(pending_calls=tuple(c for c in state.pending_calls if c.call_id != call.call_id),
                   approvals=tuple(a for a in state.approvals if a.call_id != call.call_id),
                   answered_calls=remembered,
                   owes_turn=True)
-    if any(a.call_id == call.call_id for a in state.approvals):
+    if had_approval:
         draft.emit("approval_dismissed", data={"call_id": call.call_id})
     entry = draft.append(body)
     draft.emit("tool_result", entry)

@@ -15,7 +15,7 @@ How it works:
    `CreateThread` (or a first `UserMessage` when `facts.default_config` allows it).
 2. `TRANSITIONS[(status, type(body))]` picks the handler `on_<body>`. Each handler runs
    its guards (stale, duplicate-by-call, wrong sender), then changes the state through
-   the `Draft` (`dataclasses.replace` underneath) and appends effects. It returns the
+   the `Draft` (which changes its own copy of the state in place) and appends effects. It returns the
    disposition. Handlers never request a completion themselves.
 3. After an `applied` input, `_settle` releases deferred inputs that may now run (each
    folded through the same table, narrated by a `released` event, with no receipt of
@@ -213,8 +213,8 @@ def _finish(draft: Draft, before: ThreadState | None, disposition: str) -> Trans
     if disposition == APPLIED and not draft.deleted:
         _settle(draft)
     after: ThreadState | None = None if draft.deleted else draft.state
-    if after is not None and after != before:
-        after = dataclasses.replace(after, version=(before.version if before else 0) + 1)
+    if after is not None and (before is None or draft.is_changed_from(before)):
+        after = draft.replace(version=(before.version if before else 0) + 1)
     effects = list(draft.effects)
     effects.append(RememberInput(draft.origin.message_id))
     receipt = build_receipt(draft.origin, draft.facts, disposition, draft.reason, before, after,
