@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from tests.processors.fold_scenarios import config, create, user
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import CallKind, PendingCall, Status, ThreadState
 from torpor.processors.step import StepRecord, step
+from torpor.processors.store import statecodec
 from torpor.processors.store.kv import MemoryStore
 from torpor.processors.store.statecodec import (
     decode,
@@ -19,9 +22,10 @@ from torpor.processors.store.statecodec import (
     encode_input,
     encode_request,
     encode_state,
+    entry_canonical,
 )
 from torpor.processors.store.tables import load_state, read_entries
-from torpor.schemas.codec import decode_value
+from torpor.schemas.codec import canonical_bytes, decode_value, encode_value
 from torpor.schemas.records import HistoryEntry, ImageBlock, Input, ThinkingBlock, UserMessage
 
 
@@ -102,3 +106,22 @@ def test_a_state_s_bytes_are_one_sorted_dump_of_its_fields() -> None:
     for value in (state, dataclasses.replace(state, deferred=(held,), pending_calls=(call,))):
         plain = json.dumps(_record_to(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert encode_state(value) == plain.encode()
+
+
+def test_a_history_row_framed_from_the_folds_bytes_is_the_row_encoded_afresh() -> None:
+    store, _ = a_state()
+    for entry in read_entries(store, "t1"):
+        canonical = canonical_bytes(entry)
+        assert encode_entry(entry, canonical) == encode_entry(entry) == encode_value(entry)
+        assert entry_canonical(encode_entry(entry)) == canonical
+
+
+def test_a_history_row_of_another_schema_is_chained_over_its_entry_encoded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, _ = a_state()
+    (entry, *_) = read_entries(store, "t1")
+    raw = encode_entry(entry)
+    # As if the row had been written under an older HistoryEntry schema: its framing differs.
+    monkeypatch.setattr(statecodec, "single_object_header", lambda cls: b"\xc3\x01" + b"\x00" * 8)
+    assert entry_canonical(raw) == canonical_bytes(entry)

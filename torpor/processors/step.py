@@ -355,8 +355,8 @@ def _interpret(
     remember: bytes | None = None
     for effect in transition.effects:
         match effect:
-            case AppendHistory(entry=entry):
-                rows.put(keys.history_key(thread_id, entry.seq), encode_entry(entry))
+            case AppendHistory(entry=entry, canonical=canonical):
+                rows.put(keys.history_key(thread_id, entry.seq), encode_entry(entry, canonical))
                 if isinstance(entry.body, SummaryEntry):
                     rows.put(keys.summary_key(thread_id), keys.encode_seq(entry.seq))
             case RememberInput(message_id=message_id):

@@ -522,6 +522,15 @@ def canonical_bytes(record: object) -> bytes:
     return default_codec().canonical_bytes(record)
 
 
+def single_object_header(cls: type) -> bytes:
+    """The single-object framing of `cls`'s current schema (``C3 01`` + fingerprint):
+    `encode_value(record)` is this header followed by `canonical_bytes(record)`.
+
+    Raises `ContractError` as `canonical_bytes` does for a class without a schema.
+    """
+    return default_codec()._class(cls).single_object_header
+
+
 def encode_value(record: object) -> bytes:
     """`record` in Avro single-object encoding: ``C3 01`` + fingerprint + body.
 

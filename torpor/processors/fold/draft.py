@@ -37,8 +37,9 @@ from torpor.processors.fold.effects import (
     RequestCompletion,
     SpawnChild,
 )
-from torpor.processors.fold.history import advance
+from torpor.processors.fold.history import advance_bytes
 from torpor.processors.fold.state import Facts, ThreadState
+from torpor.schemas.codec import canonical_bytes
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
     ContentBlock,
@@ -135,8 +136,9 @@ class Draft:
         """Append one history entry, advancing the hash chain, and narrate it."""
         entry = HistoryEntry(seq=self.state.history_len, created_at=self.now,
                              input_id=input_id or self.current.message_id, body=body)
-        self.replace(history_len=self.state.history_len + 1, head=advance(self.state.head, entry))
-        self.effects.append(AppendHistory(entry))
+        canonical = canonical_bytes(entry)  # encoded once: the chain and the row share the bytes
+        self.replace(history_len=self.state.history_len + 1, head=advance_bytes(self.state.head, canonical))
+        self.effects.append(AppendHistory(entry, canonical))
         return entry
 
     # --- effects ----------------------------------------------------------------------

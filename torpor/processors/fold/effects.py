@@ -34,9 +34,14 @@ from torpor.schemas.records import (
 
 @dataclass(frozen=True, slots=True)
 class AppendHistory:
-    """Append `entry` to the thread's history (its `seq` is the next free one)."""
+    """Append `entry` to the thread's history (its `seq` is the next free one).
+
+    `canonical`: the entry's `canonical_bytes`, the bytes its hash-chain link covers;
+    the shell frames these same bytes as the history row instead of encoding it again.
+    """
 
     entry: HistoryEntry
+    canonical: bytes
 
 
 @dataclass(frozen=True, slots=True)

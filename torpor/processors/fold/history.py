@@ -22,7 +22,12 @@ from torpor.schemas.records import HistoryEntry
 
 def advance(head: str, entry: HistoryEntry) -> str:
     """The head after appending `entry` to a history whose head is `head`."""
-    return hashlib.sha256(bytes.fromhex(head) + canonical_bytes(entry)).hexdigest()
+    return advance_bytes(head, canonical_bytes(entry))
+
+
+def advance_bytes(head: str, canonical: bytes) -> str:
+    """`advance` for an entry whose `canonical_bytes` are `canonical` (encoded once, by the caller)."""
+    return hashlib.sha256(bytes.fromhex(head) + canonical).hexdigest()
 
 
 def chain(entries: tuple[HistoryEntry, ...], head: str = GENESIS_HEAD) -> str:

@@ -44,7 +44,7 @@ from typing import Final, TypeVar
 
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import ThreadState
-from torpor.schemas.codec import decode_value, encode_value
+from torpor.schemas.codec import canonical_bytes, decode_value, encode_value, single_object_header
 from torpor.schemas.records import HistoryEntry, Input, ThreadConfig
 
 T = TypeVar("T")
@@ -306,14 +306,28 @@ def _decode_state(raw: bytes) -> ThreadState:
     return decode(ThreadState, raw)
 
 
-def encode_entry(entry: HistoryEntry) -> bytes:
+def encode_entry(entry: HistoryEntry, canonical: bytes | None = None) -> bytes:
     """A history row: the wire record in Avro single-object encoding (schema-evolvable).
 
+    `canonical`: the entry's `canonical_bytes` if the caller has them (the fold's
+    `AppendHistory` does): the row is their framing, so the entry is not encoded again.
     Remembered like a state: the model stage reads the entries the step just appended.
     """
-    raw = encode_value(entry)
+    raw = encode_value(entry) if canonical is None else single_object_header(HistoryEntry) + canonical
     _ENTRIES.put(raw, entry)
     return raw
+
+
+def entry_canonical(raw: bytes) -> bytes:
+    """The `canonical_bytes` of the entry history row `raw` holds (what its chain link covers).
+
+    A row written under the current schema is its framing followed by exactly those bytes,
+    so they are sliced out; a row from an older schema is decoded and encoded again.
+    """
+    header = single_object_header(HistoryEntry)
+    if raw[:len(header)] == header:
+        return bytes(raw[len(header):])
+    return canonical_bytes(decode_entry(raw))
 
 
 def decode_entry(raw: bytes) -> HistoryEntry:

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from torpor.processors.fold.effects import RequestCompletion
-from torpor.processors.fold.history import chain
-from torpor.processors.fold.state import ThreadState
+from torpor.processors.fold.history import advance_bytes
+from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
-from torpor.processors.store.statecodec import decode_entry, decode_request, decode_state
+from torpor.processors.store.statecodec import decode_entry, decode_request, decode_state, entry_canonical
 from torpor.schemas.records import HistoryEntry, SummaryEntry
 
 
@@ -132,6 +132,21 @@ class _Cached:
     entries: tuple[HistoryEntry, ...]
 
 
+def _read_chained(
+    store: Store, thread_id: str, from_seq: int, up_to_seq: int, head: str
+) -> tuple[tuple[HistoryEntry, ...], str]:
+    """The stored entries `from_seq <= seq < up_to_seq` and the chain head after them, from
+    `head`: each link hashes the row's own canonical bytes (`entry_canonical`), not a new encoding."""
+    entries: list[HistoryEntry] = []
+    start = keys.history_key(thread_id, from_seq)
+    for key, raw in store.iterate(keys.history_prefix(thread_id), start):
+        if keys.seq_of_history_key(key) >= up_to_seq:
+            break
+        entries.append(decode_entry(raw))
+        head = advance_bytes(head, entry_canonical(raw))
+    return tuple(entries), head
+
+
 class HistoryCache:
     """The decoded histories of the threads served last, extended by what was appended since.
 
@@ -168,12 +183,12 @@ class HistoryCache:
         if cached is not None:
             self._entries -= len(cached.entries)
             if cached.length <= up_to_seq:
-                new = tuple(read_entries(store, thread_id, cached.length, up_to_seq))
-                if chain(new, cached.head) == state.head:
+                new, head = _read_chained(store, thread_id, cached.length, up_to_seq, cached.head)
+                if head == state.head:
                     entries = cached.entries + new
         if entries is None:
-            entries = tuple(read_entries(store, thread_id, 0, up_to_seq))
-            if chain(entries) != state.head:
+            entries, head = _read_chained(store, thread_id, 0, up_to_seq, GENESIS_HEAD)
+            if head != state.head:
                 return entries  # read while the thread changed under us: serve it, do not keep it
         self._threads[thread_id] = _Cached(up_to_seq, state.head, entries)
         self._entries += len(entries)
