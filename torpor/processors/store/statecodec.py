@@ -24,8 +24,9 @@ bytes in a bounded LRU map (`_Recent`). The step re-reads the state it wrote one
 earlier and the model stage reads the entries the step just appended; every decoded
 value is a frozen dataclass, so sharing one between callers is safe. Encoding a state or
 an entry remembers the pair too (the value encodes to those bytes, so it is what they
-decode to): the next read of a row just written is a hit. The bounds keep the memory
-constant, not per agent.
+decode to): the next read of a row just written is a hit. Encoding remembers the JSON
+text of composite fields (tuples, records) by identity, since a state shares most of them
+with the state before it. The bounds keep the memory constant, not per agent.
 An unsupported field type raises `TypeError` on first use: a bug in the record definitions, not bad input.
 """
 
@@ -167,51 +168,73 @@ _Plan = tuple[tuple[str, _Convert, _Convert], ...]
 
 
 @functools.cache
-def _around_config(cls: type) -> tuple[_Plan, str, _Plan] | None:
-    """For a record with one `ThreadConfig` field: the fields sorted before it, its name, those after."""
+def _text_plan(cls: type) -> tuple[tuple[str, str, _Convert, bool], ...]:
+    """Per field of `cls`, sorted by name: the name, its `"name":` prefix, its converter, and whether
+    its value is a composite (a tuple or a record), whose JSON text is remembered by identity."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if hints[f.name] is ThreadConfig]
-    if len(names) != 1:
-        return None
-    (name,) = names
-    rest = sorted((p for p in _fields(cls) if p[0] != name), key=lambda p: p[0])
-    return tuple(p for p in rest if p[0] < name), name, tuple(p for p in rest if p[0] > name)
+    plan = []
+    for name, to, _ in sorted(_fields(cls), key=lambda p: p[0]):
+        kind = hints[name]
+        members = typing.get_args(kind) if _is_union(kind) else (kind,)
+        composite = any(typing.get_origin(m) is tuple or dataclasses.is_dataclass(m) for m in members)
+        plan.append((name, f"{_dumps(name)}:", to, composite))
+    return tuple(plan)
 
 
-# The config's JSON text, by identity like its object form (`_shared`), for the same reason.
-_config_text: OrderedDict[int, tuple[object, str]] = OrderedDict()
+# A record's composite fields (the config, pending calls, answered call ids, held inputs)
+# are carried from state to state as the same objects (`Draft` copies references), so their
+# JSON text is remembered by identity, per converter: `encode` writes only what changed.
+# Each entry holds the value itself, so its id cannot be reused while it is cached.
+_TEXT_CAPACITY: Final = 4096
+_texts: OrderedDict[tuple[int, int], tuple[object, str]] = OrderedDict()
 
 
-def _config_json(value: object) -> str:
-    hit = _config_text.get(id(value))
+def _composite_text(value: object, to: _Convert) -> str:
+    key = (id(value), id(to))
+    hit = _texts.get(key)
     if hit is not None and hit[0] is value:
-        _config_text.move_to_end(id(value))
+        _texts.move_to_end(key)
         return hit[1]
-    text = _dumps(_shared_record_to(value))
-    _config_text[id(value)] = (value, text)
-    if len(_config_text) > _SHARED_CAPACITY:
-        _config_text.popitem(last=False)
+    text = _dumps(to(value))
+    _texts[key] = (value, text)
+    if len(_texts) > _TEXT_CAPACITY:
+        _texts.popitem(last=False)
     return text
+
+
+_encode_str: Final = json.encoder.encode_basestring  # what `_dumps` writes for a str (no ASCII escaping)
+
+
+def _scalar_text(value: object) -> str:
+    """What `_dumps` writes for `value`, faster for the common scalars."""
+    kind = type(value)
+    if kind is str:
+        return _encode_str(typing.cast(str, value))
+    if kind is int:
+        return int.__repr__(typing.cast(int, value))
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    return _dumps(value)
 
 
 def encode(value: object) -> bytes:
     """Canonical bytes of dataclass `value`: equal values give equal bytes.
 
-    A record with a config (the thread state) is written in three pieces, the fields
-    sorted before the config, the config's remembered text, the fields after: the same
-    bytes as one sorted dump, without serialising the config again at every input.
+    The same bytes as one sorted dump of the whole record (`_dumps(_record_to(value))`),
+    written field by field: a composite field's text is remembered by identity
+    (`_composite_text`), so the config, the call lists and the held inputs a state shares
+    with its predecessor are not serialised again at every input.
     """
     cls: type = type(value)
-    split = _around_config(cls)
-    if split is None:
-        return _dumps(_record_to(value)).encode()
-    before, name, after = split
     parts = []
-    if before:
-        parts.append(_dumps({n: to(getattr(value, n)) for n, to, _ in before})[1:-1])
-    parts.append(f"{_dumps(name)}:{_config_json(getattr(value, name))}")
-    if after:
-        parts.append(_dumps({n: to(getattr(value, n)) for n, to, _ in after})[1:-1])
+    for name, prefix, to, composite in _text_plan(cls):
+        field_value = getattr(value, name)
+        if composite and field_value is not None:
+            parts.append(prefix + _composite_text(field_value, to))
+        else:
+            parts.append(prefix + _scalar_text(to(field_value)))
     return ("{" + ",".join(parts) + "}").encode()
 
 
