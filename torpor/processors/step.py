@@ -292,7 +292,8 @@ def _fold_one(
             return
         scratch.commit()
         _merge(out, mark)
-        log.debug("folded", extra={**where, "disposition": mark.receipts[-1].disposition})
+        if log.isEnabledFor(logging.DEBUG):  # not worth a dict per input when nobody listens
+            log.debug("folded", extra={**where, "disposition": mark.receipts[-1].disposition})
         return
     # Bounded retries are spent: park the thread loudly through the fold's own last resort.
     out.parked.append(ParkedInput(record, error, max_attempts))

@@ -61,9 +61,9 @@ def derive_id(base: str, *parts: str) -> str:
     language. Raises `UnicodeEncodeError` for a string that is not valid Unicode text
     (a lone surrogate), which no wire id can contain.
     """
-    digest = hashlib.sha256(DOMAIN)
+    message = bytearray(DOMAIN)  # hashed in one call: an update per piece cost twice as much
     for text in (base, *parts):
         data = text.encode("utf-8")
-        digest.update(len(data).to_bytes(4, "big"))
-        digest.update(data)
-    return PREFIX + digest.hexdigest()[:HEX_DIGITS]
+        message += len(data).to_bytes(4, "big")
+        message += data
+    return PREFIX + hashlib.sha256(message).hexdigest()[:HEX_DIGITS]

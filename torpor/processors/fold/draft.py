@@ -68,9 +68,13 @@ def _own_copy(state: ThreadState) -> ThreadState:
     return copy
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_json_text: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def json_text(value: object) -> str:
     """Deterministic JSON text (sorted keys, no spaces) for dispatch arguments and event data."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _json_text(value)
 
 
 def text(value: str) -> tuple[ContentBlock, ...]:
