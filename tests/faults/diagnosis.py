@@ -9,6 +9,7 @@ the process itself last said; the full log stays on disk under the soak's root.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +19,7 @@ TAIL_LINES: Final = 25
 # A tail reads at most this much of the end of a log (debug logs grow to hundreds of MB).
 TAIL_BYTES: Final = 4_000_000
 LINE_CHARS: Final = 300
+_DIGITS: Final = re.compile(r"\d+")
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
@@ -25,8 +27,11 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     try:
         with open(path, "rb") as log:
             log.seek(0, 2)
-            log.seek(max(0, log.tell() - TAIL_BYTES))
+            start = max(0, log.tell() - TAIL_BYTES)
+            log.seek(start)
             text = log.read().decode(errors="replace")
+        if start > 0:
+            text = text.partition("\n")[2]  # the first line is cut
     except OSError as error:
         return [f"(cannot read {path}: {error})"]
     kept: list[str] = []
@@ -47,8 +52,8 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
 
 
 def _same(earlier: str, line: str) -> bool:
-    """One message repeated (librdkafka's connection errors differ only by timestamp)."""
-    return earlier.split("|", 2)[-1][:LINE_CHARS] == line.split("|", 2)[-1][:LINE_CHARS]
+    """One message repeated: the lines differ in their numbers only (times, offsets, counts)."""
+    return _DIGITS.sub("#", earlier[:LINE_CHARS]) == _DIGITS.sub("#", line[:LINE_CHARS])
 
 
 def fate(process: subprocess.Popen[bytes]) -> str:
