@@ -324,8 +324,17 @@ def test_the_admin_config_carries_connection_settings_only() -> None:
         "bootstrap.servers": "localhost:9092",
         "security.protocol": "PLAINTEXT",
         "metadata.recovery.strategy": "none",
+        "allow.auto.create.topics": False,
         "client.id": "torpor-admin",
     }
+
+
+def test_no_client_makes_the_broker_create_a_topic_and_no_override_can_let_it(tmp_path: Path) -> None:
+    for conf in (producer_config(Settings(), transactional_id="t"), consumer_config(Settings(), "g"),
+                 admin_config(Settings())):
+        assert conf["allow.auto.create.topics"] is False
+    with pytest.raises(ConfigError, match="topics are created on purpose"):
+        load_settings({}, write(tmp_path, '[kafka.librdkafka]\n"allow.auto.create.topics" = true\n'))
 
 
 def test_no_client_re_bootstraps_unless_told_to() -> None:

@@ -106,6 +106,7 @@ MANAGED_KEYS: Final[Mapping[str, str]] = {
     "enable.auto.offset.store": "offsets are stored explicitly with each checkpoint",
     "partition.assignment.strategy": "the processor relies on cooperative-sticky rebalancing",
     "auto.offset.reset": "a new group must start at the earliest input, or inputs are skipped",
+    "allow.auto.create.topics": "topics are created on purpose (torpor topics create), with their layout",
 }
 
 
@@ -602,6 +603,10 @@ def _base(kafka: KafkaSettings) -> ClientConfig:
         # every restart; with `none` the clients reconnect to the brokers they knew.
         # Overridable in [kafka.librdkafka] for a cluster whose brokers all change address.
         "metadata.recovery.strategy": "none",
+        # A client touching a missing topic must not make the broker create it (a broker
+        # with auto.create.topics.enable would make a 1-partition `inputs`, which every
+        # other topic then follows): topics exist because `ensure_topics` made them.
+        "allow.auto.create.topics": False,
     }
     if kafka.security_protocol.is_sasl and kafka.sasl_username and kafka.sasl_password:
         conf["sasl.mechanism"] = kafka.sasl_mechanism.value
