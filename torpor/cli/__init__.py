@@ -81,8 +81,9 @@ def _one_line(exc: Exception) -> str | None:
     from torpor.streams.errors import kafka_error_of, translate
 
     if isinstance(exc, KafkaException):
-        if kafka_error_of(exc).name() in UNREACHABLE:
-            return (f"cannot reach the Kafka broker ({kafka_error_of(exc).str()}): check that it runs and "
+        error = kafka_error_of(exc)
+        if error.name() in UNREACHABLE:
+            return (f"cannot reach the Kafka broker ({error.str()}): check that it runs and "
                     "that --bootstrap, TORPOR_BOOTSTRAP or the config file name it")
         return str(translate(exc, operation="the Kafka call"))
     if isinstance(exc, TorporError):

@@ -209,31 +209,40 @@ def _check_partitions(metadata: ClusterMetadata, names: TopicNames, bootstrap: s
 
 def _check_configs(admin: AdminClient, names: TopicNames, deadline: Deadline, bootstrap: str) -> None:
     """Every `topics.REQUIRED` config holds on the broker's topics (existing ones included)."""
-    resources = {topic: ConfigResource(ResourceType.TOPIC, names.of(topic))
-                 for topic in dict.fromkeys(required.topic for required in REQUIRED)}
-    timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
-    try:
-        futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
-    except KafkaException as exc:
-        raise translate(exc, operation="describe_configs") from exc
-    described: dict[Topic, Mapping[str, object]] = {}
+    topics = list(dict.fromkeys(required.topic for required in REQUIRED))
+    described = _describe_configs(admin, [names.of(topic) for topic in topics], deadline, bootstrap)
     for required in REQUIRED:
         name = names.of(required.topic)
-        if required.topic not in described:
-            try:
-                described[required.topic] = futures[resources[required.topic]].result(timeout=timeout + 1.0)
-            except concurrent.futures.TimeoutError:
-                raise BrokerUnreachableError(bootstrap, timeout, f"describing {name} got no answer") from None
-            except KafkaException as exc:
-                raise translate(exc, operation=f"describe configs of {name}") from exc
-        entry = described[required.topic].get(required.key)
-        value = getattr(entry, "value", None)
+        value = described[name].get(required.key)
         if value != required.value:
             raise TopicLayoutError(
                 f"topic {name} has {required.key}={value!r} but must be {required.value!r}: "
                 f"{required.why}. Fix: kafka-configs.sh --bootstrap-server {bootstrap} --alter "
                 f"--entity-type topics --entity-name {name} --add-config {required.key}={required.value}"
             )
+
+
+def _describe_configs(admin: AdminClient, names: Sequence[str], deadline: Deadline,
+                      bootstrap: str) -> dict[str, dict[str, str | None]]:
+    """Each topic of `names` with its configs (key -> value, None when the broker gives none)."""
+    if not names:
+        return {}
+    resources = {name: ConfigResource(ResourceType.TOPIC, name) for name in names}
+    timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
+    try:
+        futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
+    except KafkaException as exc:
+        raise translate(exc, operation="describe_configs") from exc
+    described: dict[str, dict[str, str | None]] = {}
+    for name, resource in resources.items():
+        try:
+            entries = futures[resource].result(timeout=timeout + 1.0)
+        except concurrent.futures.TimeoutError:
+            raise BrokerUnreachableError(bootstrap, timeout, f"describing {name} got no answer") from None
+        except KafkaException as exc:
+            raise translate(exc, operation=f"describe configs of {name}") from exc
+        described[name] = {key: entry.value for key, entry in entries.items()}
+    return described
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,19 +270,9 @@ def inspect_topics(admin: AdminClient, settings: Settings, deadline: Deadline) -
     inputs = metadata.topics.get(names.inputs)
     specs = topic_specs(settings.topics, inputs_partitions=None if inputs is None else len(inputs.partitions))
     present = [spec for spec in specs if spec.name in metadata.topics]
-    resources = {spec.name: ConfigResource(ResourceType.TOPIC, spec.name) for spec in present}
-    described: dict[str, Mapping[str, str]] = {}
-    if resources:
-        timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
-        try:
-            futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
-            for name, resource in resources.items():
-                entries = futures[resource].result(timeout=timeout + 1.0)
-                described[name] = {key: str(entry.value) for key, entry in entries.items()}
-        except concurrent.futures.TimeoutError:
-            raise BrokerUnreachableError(bootstrap, timeout, "describing the topics got no answer") from None
-        except KafkaException as exc:
-            raise translate(exc, operation="describe_configs") from exc
+    described = {name: {key: str(value) for key, value in config.items()}
+                 for name, config in _describe_configs(admin, [spec.name for spec in present], deadline,
+                                                       bootstrap).items()}
     required = {(r.topic, r.key): r for r in REQUIRED}
     found: list[TopicState] = []
     for spec in specs:

@@ -47,9 +47,11 @@ def is_seen(store: Store, thread_id: str, message_id: str, sender: bytes) -> boo
     input must not use up the id of a genuine one). An empty row, written before senders
     were kept, matches any sender."""
     row = store.get(keys.seen_key(thread_id, message_id))
-    if row is None:
-        return False
-    return row == b"" or any(row[i:i + _DIGEST] == sender for i in range(0, len(row), _DIGEST))
+    return row is not None and (row == b"" or _remembers(row, sender))
+
+
+def _remembers(row: bytes, sender: bytes) -> bool:
+    return any(row[i:i + _DIGEST] == sender for i in range(0, len(row), _DIGEST))
 
 
 def with_sender(row: bytes | None, sender: bytes) -> bytes:
@@ -57,7 +59,7 @@ def with_sender(row: bytes | None, sender: bytes) -> bytes:
     `SENDERS_KEPT`; an empty row from before senders were kept stays as it is."""
     if row is None:
         return sender
-    if row == b"" or any(row[i:i + _DIGEST] == sender for i in range(0, len(row), _DIGEST)):
+    if row == b"" or _remembers(row, sender):
         return row
     return (row + sender)[-SENDERS_KEPT * _DIGEST:]
 
