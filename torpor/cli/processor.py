@@ -22,7 +22,7 @@ import click
 
 from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import configure
-from torpor.cli.scenario import load
+from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.processors.models.providers.registry import ModelRouter
 from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
@@ -50,7 +50,9 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the partitions' RocksDB stores live. Default: .torpor/stores/<instance>.")
 @click.option("--script", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="A scenario file whose [[model]] rules drive the scripted model.")
+              help="A TOML (or JSON) file of [[model]] rules for the scripted model (`scripted` "
+                   "threads); nothing else is needed. A `torpor local run` scenario works too: "
+                   "its [thread] and [[steps]] are not used.")
 @click.option("--app", default=None,
               help="The consumer group; instances of one app share the partitions. Default: "
                    "torpor-processor, or <topic prefix>processor under another topic prefix.")
@@ -92,8 +94,8 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
     settings = read_settings(config_file, bootstrap)
     app = app or default_group(settings, "processor")
     try:
+        rules = load_rules(script) if script is not None else ()  # a bad script touches no topic
         ensured = ensure_topics(make_admin(settings), settings, Deadline.after(ENSURE_TOPICS_SECONDS))
-        rules = load(script).rules if script is not None else ()
         config = ProcessorConfig(instance=instance, app=app,
                                  store_dir=store_dir or Path(".torpor") / "stores" / instance)
         providers = ProviderSettings(

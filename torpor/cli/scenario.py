@@ -22,6 +22,11 @@ A scenario is TOML (or JSON with the same shape)::
 A turn may also carry `chunks` (streamed pieces), `transient_failures`,
 `permanent_failure`, `delay_s` and `usage`. Parsing raises `ScenarioError` naming the
 offending entry; a bad file never half-runs.
+
+`torpor local run` needs the whole file (`load`: `[thread]` with an `id`). `torpor
+processor --script` needs only the `[[model]]` rules (`load_rules`): threads come from
+`inputs` there, so a file of rules alone is a script, and a scenario's `[thread]` and
+`[[steps]]` are accepted and not used.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from torpor.processors.models.provider import ScriptedCall, ScriptedTurn, ScriptRule
 from torpor.schemas.errors import ConfigError
@@ -89,17 +95,62 @@ class Scenario:
     steps: tuple[Action, ...]
 
 
+SCRIPT_TABLES: Final = frozenset({"model", "thread", "steps"})
+"""What a model script may hold: the rules, and a scenario's thread and steps (not used)."""
+
+
 def load(path: Path) -> Scenario:
-    """Read and check a scenario file (`.toml` or `.json`)."""
+    """Read and check a scenario file (`.toml` or `.json`). Raises `ScenarioError`."""
+    return parse(_read(path), name=path.stem)
+
+
+def load_rules(path: Path) -> tuple[ScriptRule, ...]:
+    """The scripted-model rules of `path`: its `[[model]]` entries, in order.
+
+    A file of rules alone is enough; a whole scenario file is accepted too (its `[thread]`
+    and `[[steps]]` are not used). Raises `ScenarioError` for a file that cannot be read,
+    a malformed rule (named), an unknown top-level key (a misspelt `[[models]]` would
+    otherwise script nothing, silently), or a file with no rule at all.
+    """
+    data = _read(path)
+    unknown = sorted(set(data) - SCRIPT_TABLES)
+    if unknown:
+        raise ScenarioError(
+            f"model script {path}: unknown top-level {', '.join(unknown)}; a script holds "
+            "[[model]] rules (and may hold a scenario's [thread] and [[steps]], which are not used)"
+        )
+    rules = _rules(data)
+    if not rules:
+        raise ScenarioError(
+            f"model script {path}: no [[model]] rule; each rule is a [[model]] table with "
+            "`turns` and optional predicates (thread, thread_prefix, kind, last_contains)"
+        )
+    return rules
+
+
+def _read(path: Path) -> dict[str, object]:
     try:
         raw = path.read_bytes()
         data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as exc:
         raise ScenarioError(f"cannot read scenario {path}: {exc}") from exc
-    return parse(data, name=path.stem)
+    return _table(data, str(path))
+
+
+def _rules(data: dict[str, object]) -> tuple[ScriptRule, ...]:
+    return tuple(
+        _rule(_table(r, f"[[model]] #{i + 1}"), i)
+        for i, r in enumerate(_list(data.get("model", []), "model"))
+    )
 
 
 def parse(data: dict[str, object], name: str = "scenario") -> Scenario:
+    """A whole scenario (`torpor local run`): `[thread]` with an `id`, rules, steps."""
+    if data.get("thread") is None:
+        raise ScenarioError(
+            "[thread]: a scenario for `torpor local run` needs a [thread] table with an `id` "
+            "(a file of [[model]] rules alone is a script for `torpor processor --script`)"
+        )
     thread = _table(data.get("thread"), "[thread]")
     spec = ThreadSpec(
         id=_str(thread, "id", "[thread]"),
@@ -108,10 +159,7 @@ def parse(data: dict[str, object], name: str = "scenario") -> Scenario:
         model=str(thread.get("model", "scripted")),
         context_window=int(str(thread.get("context_window", 200_000))),
     )
-    rules = tuple(
-        _rule(_table(r, f"[[model]] #{i + 1}"), i)
-        for i, r in enumerate(_list(data.get("model", []), "model"))
-    )
+    rules = _rules(data)
     steps = tuple(
         _step(_table(s, f"[[steps]] #{i + 1}"), i)
         for i, s in enumerate(_list(data.get("steps", []), "steps"))
