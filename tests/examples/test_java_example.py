@@ -80,9 +80,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mvn = _require("mvn", "maven")
     target = tmp_path_factory.mktemp("java-example") / "target"
     # -B: no colours or progress bars; MAVEN_OPTS (a local repository, in CI) is inherited.
-    done = subprocess.run([mvn, "-B", "--no-transfer-progress", "package", f"-Dexample.buildDirectory={target}"],
+    done = subprocess.run([mvn, "-B", "--no-transfer-progress", "package",
+                           f"-Dexample.buildDirectory={target}"],
                           cwd=EXAMPLE, capture_output=True, text=True, timeout=MAVEN_SECONDS, check=False)
-    assert done.returncode == 0, "mvn package failed:\n" + "\n".join(done.stdout.splitlines()[-60:]) + done.stderr
+    said = "\n".join(done.stdout.splitlines()[-60:])
+    assert done.returncode == 0, f"mvn package failed:\n{said}\n{done.stderr}"
     return target
 
 
@@ -145,7 +147,8 @@ def test_a_java_client_completes_a_signed_tool_round_trip(
     java_inputs = {m for m, i in inputs.items() if i.source != "processor"}
     assert {type(inputs[m].body) for m in java_inputs} == {CreateThread, UserMessage, ToolResult}
     receipts = {r.input_id: r for r in deployment.receipts() if r.thread_id == thread}
-    assert {(receipts[m].disposition, receipts[m].provenance) for m in java_inputs} == {("applied", "verified")}
+    judged = {(receipts[m].disposition, receipts[m].provenance) for m in java_inputs}
+    assert judged == {("applied", "verified")}, judged
     assert deployment.answers(thread) == ["Reversing.", "Reversed: olleh."]
 
 
