@@ -12,6 +12,7 @@ holds the partial text, and what follows it holds the rest, once.
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import deploy, send, settings_of, start_thread
+from tests.cli.rig import deploy, send, settings_of, start_thread, tailed
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 from torpor.schemas.records import AssistantEntry, TextBlock, ThreadEvent
@@ -178,3 +179,28 @@ def test_a_snapshot_mid_completion_holds_the_partial_text_and_follow_the_rest(de
         assert turn is not None
         assert snapshot.partial + rest == "".join(SLOW_CHUNKS)
         assert "".join(b.text for b in turn.content if isinstance(b, TextBlock)) == "".join(SLOW_CHUNKS)
+
+
+def _ms_of_day(line: str) -> int:
+    hours, minutes, seconds = line[:12].split(":")
+    return (int(hours) * 3600 + int(minutes) * 60) * 1000 + round(float(seconds) * 1000)
+
+
+def test_a_no_follow_tail_interleaves_events_and_receipts_in_time_order(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    thread = f"agent-{uuid.uuid4().hex[:8]}"
+    start_thread(deployment, thread, "please ping (turn 1)", "echo")
+    inputs = 5  # the creation, the user's text, a completion, the echo's result, a completion
+    wait_until(lambda: answers(deployment, thread) == 1, timeout=120,
+               message=f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
+    wait_until(lambda: tailed(deployment, thread, tmp_path).count(" receipt ") == inputs, timeout=60,
+               message="a receipt per input")
+    shown = tailed(deployment, thread, tmp_path).splitlines()
+    times = [_ms_of_day(line) for line in shown]
+    day = 24 * 3600 * 1000
+    # Never backwards (a tail that runs over midnight UTC wraps once).
+    assert all((b - a) % day < day // 2 for a, b in itertools.pairwise(times)), shown
+    receipts = [i for i, line in enumerate(shown) if " receipt " in line]
+    events = [i for i, line in enumerate(shown) if " receipt " not in line]
+    assert receipts[0] < events[-1], "receipts are interleaved with the events, not all after them"

@@ -16,13 +16,17 @@ that has named more than 1,000 child threads saves every 0.2 s instead, so SIGKI
 repeat up to that much; a clean stop still saves exactly.) If retention deleted
 records the file still pointed at, the tail says how many were lost before going on.
 
-`--no-follow` stops at the end of what is committed now (exit 0; from the start of the
-topic, a thread with nothing to show is said to be unknown on stderr); otherwise it
-follows until interrupted.
+Order: what is committed when the tail starts is shown in time order, events and receipts
+interleaved by their records' `created_at` (`torpor.cli.timeorder`: each partition's
+records stay in offset order, so resuming stays exact); after that, following, each
+record is shown as it is read. `--no-follow` stops at the end of what is committed now
+(exit 0; from the start of the topic, a thread with nothing to show is said to be
+unknown on stderr); otherwise it follows until interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,8 +40,9 @@ import click
 
 from torpor.cli.render import Renderer
 from torpor.cli.settings import read_settings, settings_options
+from torpor.cli.timeorder import TimeOrder
 from torpor.schemas.errors import TorporError
-from torpor.streams.observer import Observer, Position
+from torpor.streams.observer import Item, Observer, Position
 
 STATE_VERSION: Final = 1
 # Beyond this many named threads (a tail of every thread), saving after each line would
@@ -80,6 +85,45 @@ def _save(path: Path, thread: str | None, position: Position, renderer: Renderer
         )
     )
     os.replace(temporary, path)
+
+
+class _Shown:
+    """Renders records and saves the position just past the last one shown.
+
+    Records come out of `TimeOrder` in offset order per partition, so `position`, advanced
+    by each record shown, is a true resume point even while later records are still held.
+    `reached` is where the read itself got to (partitions read to their end included):
+    saved once nothing read is held back.
+    """
+
+    def __init__(self, path: Path, thread: str | None, renderer: Renderer, position: Position) -> None:
+        self.path, self.thread, self.renderer = path, thread, renderer
+        self.position = position.copy()
+        self.reached: Position | None = None
+        self.lines = 0
+        self._saved_at = time.monotonic()
+
+    def show(self, item: Item) -> None:
+        line = self.renderer.render(item)
+        if line is not None:
+            self.lines += 1
+            click.echo(line)
+            sys.stdout.flush()
+        self.position.advance(item.topic, item.partition, item.offset)
+        self.reached = None  # the read's position may be past records still held
+        # A printed line is saved at once (small state) so a crash repeats at most it;
+        # records not printed change nothing a reattached tail would show, so their
+        # position is saved now and then, and at the end.
+        exact = line is not None and len(self.renderer.names) <= EXACT_NAMES
+        if exact or time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self.save()
+
+    def save(self) -> None:
+        """Save where the tail is: past the last record shown, or where the read reached."""
+        if self.reached is not None:
+            self.position = self.reached.copy()
+        _save(self.path, self.thread, self.position, self.renderer)
+        self._saved_at = time.monotonic()
 
 
 class _Stop:
@@ -135,35 +179,40 @@ def tail(
                 click.echo(
                     f"torpor tail: {lost} records expired (retention) before they were shown", err=True
                 )
-            steps = observer.read(
-                position, until_end=no_follow, all_partitions=True, stop=lambda: stop.requested
+            shown = _Shown(path, thread, renderer, position)
+            # What is committed now, in time order; then, following, each record as it comes.
+            caught_up = observer.read(
+                position, until_end=True, all_partitions=True, stop=lambda: stop.requested
             )
-            unsaved: Position | None = None
-            saved_at = time.monotonic()
-            shown = 0
-            try:
-                for step in steps:
-                    line = renderer.render(step.item)
-                    if line is not None:
-                        shown += 1
-                        click.echo(line)
-                        sys.stdout.flush()
-                    # A printed line is saved at once (small state) so a crash repeats at most
-                    # it; records not printed change nothing a reattached tail would show, so
-                    # their position is saved now and then, and at the end.
-                    exact = line is not None and len(renderer.names) <= EXACT_NAMES
-                    if exact or time.monotonic() - saved_at >= SAVE_EVERY_S:
-                        _save(path, thread, step.position, renderer)
-                        unsaved, saved_at = None, time.monotonic()
-                    else:
-                        unsaved = step.position
-                    if stop.requested:
-                        break
-            finally:
-                steps.close()  # unassign now, while the observer's consumer is open
-                if unsaved is not None:
-                    _save(path, thread, unsaved, renderer)
-            if thread is not None and no_follow and not loaded and not from_end and shown == 0:
+            with contextlib.closing(caught_up):  # unassign now, while the observer's consumer is open
+                try:
+                    order, end = TimeOrder(), None
+                    for step in caught_up:
+                        for item in order.add(step.item):
+                            shown.show(item)
+                        end = step.position
+                    for item in order.drain():
+                        if stop.requested:
+                            break
+                        shown.show(item)
+                    if not order:
+                        shown.reached = end  # nothing read is held back: save where the read got to
+                finally:
+                    shown.save()
+            if not no_follow and not stop.requested:
+                live = observer.read(
+                    shown.position, until_end=False, all_partitions=True, stop=lambda: stop.requested
+                )
+                with contextlib.closing(live):
+                    try:
+                        for step in live:
+                            shown.show(step.item)
+                            shown.reached = step.position  # nothing is held: all read is shown
+                            if stop.requested:
+                                break
+                    finally:
+                        shown.save()
+            if thread is not None and no_follow and not loaded and not from_end and shown.lines == 0:
                 click.echo(f"torpor tail: nothing of thread {thread!r} on {settings.topics.prefix}events "
                            "(kept a day by default): no such thread, or none of its events are left",
                            err=True)
