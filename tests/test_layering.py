@@ -24,7 +24,10 @@ ALLOWED: Final[dict[str, frozenset[str]]] = {
     "streams": frozenset({"schemas"}),
     "processors": frozenset({"schemas", "streams"}),
     "connectors": frozenset({"schemas", "streams"}),
-    "cli": frozenset({"schemas", "streams", "processors", "connectors"}),
+    # The inspector (`torpor ui`) reads the topics and produces signed inputs; the command
+    # line hands it what to produce with.
+    "inspector": frozenset({"schemas", "streams"}),
+    "cli": frozenset({"schemas", "streams", "processors", "connectors", "inspector"}),
 }
 
 RUNTIMES: Final = "runtimes"  # the modules at the top of torpor/processors

@@ -28,6 +28,7 @@ COMMANDS: Final[dict[str, str]] = {
     "send": "torpor.cli.send:send",
     "tail": "torpor.cli.tail:tail",
     "topics": "torpor.cli.topics:topics",
+    "ui": "torpor.cli.ui:ui",
 }
 
 

@@ -1,0 +1,270 @@
+"""The ASGI app of `torpor ui`: the page, its JSON API and its server-sent event streams.
+
+Routes:
+  GET  /                        the page (static HTML; the operator token in a meta tag)
+  GET  /static/...              its script and style sheet (no build step)
+  GET  /api/threads             one page of the threads list: ?q=&status=&offset=&limit=
+  GET  /api/threads/stream      SSE: `changed` whenever the list changed (the page re-asks)
+  GET  /api/thread?id=          one thread's summary (404 if no record of it was seen)
+  GET  /api/thread/stream?id=   SSE: the thread's snapshot, then each later record; every
+                                message's id is the position after it, so a reconnecting
+                                EventSource (Last-Event-ID) resumes with no gap and no repeat
+  POST /api/approve, /api/control   an operator's decision or command, signed (`Desk`);
+                                answers the message id, whose receipt the timeline shows
+
+Security. Thread ids and model text are written by whoever produces inputs: the page
+inserts every value as text, never as markup, and the Content-Security-Policy allows no
+inline script, so a value that slipped through would still not run. POSTs carry the
+operator's power (they are signed with the key the UI was started with), so each must
+carry the per-process token of the page (`X-Torpor-Token`: a custom header, so a
+cross-site form or fetch cannot send it without a CORS preflight this app never allows)
+and, when the browser says where it comes from, an `Origin` of this server. Requests for
+a Host that is not this server's are refused, so DNS rebinding cannot read the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Final
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from torpor.inspector.bridge import iterate_in_thread
+from torpor.inspector.desk import Desk, DeskError
+from torpor.inspector.feed import Feed
+from torpor.inspector.index import ThreadIndex
+from torpor.inspector.timeline import timeline
+from torpor.schemas.errors import TorporError
+from torpor.streams.config import Settings
+from torpor.streams.observer import Position
+
+STATIC: Final = files("torpor.inspector") / "static"
+LIST_POLL_SECONDS: Final = 0.5
+KEEPALIVE_SECONDS: Final = 15.0
+MAX_BODY: Final = 16 * 1024
+CSP: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+              "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+HEADERS: Final = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                  "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
+
+
+@dataclass(frozen=True, slots=True)
+class UiConfig:
+    """What the app serves: the Kafka settings, the operator's desk and the hosts it answers to."""
+
+    settings: Settings
+    desk: Desk
+    hosts: Sequence[str] = ("127.0.0.1", "localhost", "[::1]")
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+
+
+class _SecurityHeaders:
+    """Adds `HEADERS` to every response (the page's and the API's alike)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []),
+                                      *((k.lower().encode(), v.encode()) for k, v in HEADERS.items()
+                                        if k.lower().encode() not in present)]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
+    """The app. With `feed` (the default) it reads the topics into its thread index while it runs."""
+    index = ThreadIndex()
+    reader = Feed(config.settings, index)
+    page = (STATIC / "index.html").read_text().replace("{{TOKEN}}", config.token)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        if feed:
+            reader.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(reader.stop)
+
+    async def home(_: Request) -> Response:
+        return HTMLResponse(page)
+
+    async def threads(request: Request) -> Response:
+        try:
+            offset = int(request.query_params.get("offset", "0"))
+            limit = int(request.query_params.get("limit", "50"))
+            found = index.query(request.query_params.get("q", "")[:200],
+                                request.query_params.get("status", ""), offset, limit)
+        except ValueError as error:
+            return JSONResponse({"error": str(error)}, status_code=400)
+        return JSONResponse({**found.as_json(), **_feed_state(reader, index)})
+
+    async def thread(request: Request) -> Response:
+        summary = index.summary(request.query_params.get("id", ""))
+        if summary is None:
+            return JSONResponse({"error": "no record of this thread has been seen"}, status_code=404)
+        return JSONResponse(summary.as_json())
+
+    async def threads_stream(_: Request) -> Response:
+        async def changes() -> AsyncIterator[str]:
+            seen = -1
+            quiet = 0.0
+            while True:
+                state = _feed_state(reader, index)
+                if index.version != seen:
+                    seen = index.version
+                    quiet = 0.0
+                    yield _sse("changed", {"version": seen, **state})
+                elif quiet >= KEEPALIVE_SECONDS:
+                    quiet = 0.0
+                    yield ": keepalive\n\n"
+                await asyncio.sleep(LIST_POLL_SECONDS)
+                quiet += LIST_POLL_SECONDS
+
+        return _event_stream(changes())
+
+    async def thread_stream(request: Request) -> Response:
+        thread_id = request.query_params.get("id", "")
+        if not thread_id:
+            return JSONResponse({"error": "which thread? (?id=)"}, status_code=400)
+        resume = None
+        if last := request.headers.get("last-event-id"):
+            try:
+                resume = Position.from_json(json.loads(last))
+            except (ValueError, TypeError, AttributeError):
+                return JSONResponse({"error": "Last-Event-ID is not a position this server gave"},
+                                    status_code=400)
+
+        async def records() -> AsyncIterator[str]:
+            items = iterate_in_thread(lambda stopped: timeline(config.settings, thread_id, resume, stopped))
+            try:
+                while True:
+                    try:
+                        position, message = await asyncio.wait_for(anext(items), KEEPALIVE_SECONDS)
+                    except TimeoutError:
+                        yield ": keepalive\n\n"
+                        continue
+                    except StopAsyncIteration:
+                        return
+                    except TorporError as error:
+                        yield _sse("failed", {"error": str(error)})
+                        return
+                    yield _sse(str(message["kind"]), message, json.dumps(position.as_json()))
+            finally:
+                await items.aclose()
+
+        return _event_stream(records())
+
+    async def approve(request: Request) -> Response:
+        return await _operate(request, config, lambda body: config.desk.approve(
+            _text(body, "thread_id"), _text(body, "approval_id"), _text(body, "choice")))
+
+    async def control(request: Request) -> Response:
+        return await _operate(request, config, lambda body: config.desk.control(
+            _text(body, "thread_id"), _text(body, "command"), call_id=_optional(body, "call_id"),
+            model=_optional(body, "model"), reason=_optional(body, "reason")))
+
+    async def whoami(_: Request) -> Response:
+        return JSONResponse({"operator": config.desk.source, "signed": config.desk.signer is not None,
+                             "prefix": config.settings.topics.prefix})
+
+    routes = [
+        Route("/", home),
+        Route("/api/threads", threads),
+        Route("/api/threads/stream", threads_stream),
+        Route("/api/thread", thread),
+        Route("/api/thread/stream", thread_stream),
+        Route("/api/approve", approve, methods=["POST"]),
+        Route("/api/control", control, methods=["POST"]),
+        Route("/api/whoami", whoami),
+        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
+    ]
+    middleware = [Middleware(_SecurityHeaders),
+                  Middleware(TrustedHostMiddleware, allowed_hosts=list(config.hosts))]
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+
+def _feed_state(reader: Feed, index: ThreadIndex) -> dict[str, object]:
+    return {"caught_up": reader.caught_up.is_set(), "feed_error": reader.error, "count": len(index)}
+
+
+def _sse(event: str, data: object, event_id: str | None = None) -> str:
+    # json.dumps never emits a raw newline, so one `data:` line holds the message whole.
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _event_stream(body: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _text(body: dict[str, object], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise _BadRequest(f"{name} must be a string")
+    return value
+
+
+def _optional(body: dict[str, object], name: str) -> str | None:
+    value = body.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _BadRequest(f"{name} must be a string")
+    return value
+
+
+async def _operate(request: Request, config: UiConfig,
+                   act: Callable[[dict[str, object]], str]) -> Response:
+    """Check that the request comes from this UI's page, then `act` on its JSON body."""
+    token = request.headers.get("x-torpor-token", "")
+    if not hmac.compare_digest(token.encode(), config.token.encode()):
+        return JSONResponse({"error": "missing or wrong X-Torpor-Token: reload the page"}, status_code=403)
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+        return JSONResponse({"error": f"requests from {origin[:100]!r} are not accepted"}, status_code=403)
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        return JSONResponse({"error": "send JSON (Content-Type: application/json)"}, status_code=415)
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        return JSONResponse({"error": "request too large"}, status_code=413)
+    try:
+        body = json.loads(raw)
+        if not isinstance(body, dict):
+            raise _BadRequest("the body must be a JSON object")
+        message_id = await asyncio.to_thread(act, body)  # produces and waits for the ack
+    except (ValueError, _BadRequest, DeskError) as error:
+        return JSONResponse({"error": str(error)}, status_code=400)
+    except TorporError as error:
+        return JSONResponse({"error": str(error)}, status_code=502)
+    return JSONResponse({"message_id": message_id, "source": config.desk.source,
+                         "signed": config.desk.signer is not None})
+

@@ -1,0 +1,259 @@
+// The Torpor inspector page. Plain DOM, no framework, no build step.
+// Every value from the server (thread ids, model text, tool output) is written with
+// textContent or as an attribute value, never parsed as markup.
+"use strict";
+
+const TOKEN = document.querySelector('meta[name="torpor-token"]').content;
+const PAGE = 50;
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== null && v !== undefined) node.setAttribute(k, String(v));
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function when(ms) {
+  return ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 23) : "";
+}
+
+function threadLink(id) {
+  const a = el("a", { href: "#thread=" + encodeURIComponent(id), class: "thread-link" }, id);
+  a.dataset.thread = id;
+  return a;
+}
+
+// --- the threads list -------------------------------------------------------------------
+
+const list = { offset: 0, total: 0, stream: null, timer: null };
+
+async function loadThreads() {
+  const params = new URLSearchParams({ q: $("q").value, status: $("status").value,
+                                       offset: String(list.offset), limit: String(PAGE) });
+  const response = await fetch("/api/threads?" + params);
+  const page = await response.json();
+  if (!response.ok) { $("range").textContent = page.error; return; }
+  list.total = page.total;
+  showFeed(page);
+  const body = $("threads").tBodies[0];
+  body.replaceChildren(...page.rows.map((row) => {
+    const tr = el("tr", {},
+      el("td", {}, threadLink(row.thread_id)),
+      el("td", { class: "status status-" + row.status }, row.status, row.reason ? " (" + row.reason + ")" : ""),
+      el("td", {}, row.model || ""), el("td", {}, row.tenant || ""),
+      el("td", {}, row.parent ? threadLink(row.parent) : ""),
+      el("td", {}, row.pending_calls.length || ""), el("td", {}, row.approvals.length || ""),
+      el("td", { class: "when" }, when(row.last_activity)));
+    tr.dataset.thread = row.thread_id;
+    return tr;
+  }));
+  const last = Math.min(list.offset + PAGE, list.total);
+  $("range").textContent = list.total ? `${list.offset + 1}–${last} of ${list.total}` : "no threads";
+}
+
+function showFeed(state) {
+  $("feed").textContent = state.feed_error ? "feed stopped: " + state.feed_error
+    : state.caught_up ? state.count + " threads, live" : "reading the topics…";
+  $("feed").className = state.feed_error ? "error" : "";
+}
+
+function openList() {
+  if (list.stream) return;
+  list.stream = new EventSource("/api/threads/stream");
+  list.stream.addEventListener("changed", (e) => {
+    showFeed(JSON.parse(e.data));
+    clearTimeout(list.timer);  // many changes at once: ask once
+    list.timer = setTimeout(loadThreads, 250);
+  });
+}
+
+// --- one thread ---------------------------------------------------------------------------
+
+const view = { id: null, stream: null, pending: new Map(), summaryTimer: null, seen: new Set() };
+
+function blocksText(blocks) {
+  return (blocks || []).map((b) => b.type === "TextBlock" || b.type === "ThinkingBlock" ? b.text
+    : "[" + b.type + "]").join(" ");
+}
+
+function entryText(entry) {
+  const b = entry.body;
+  switch (b.type) {
+    case "UserEntry": return "user: " + blocksText(b.content);
+    case "AssistantEntry": return "assistant: " + blocksText(b.content) + b.tool_calls.map(
+      (c) => "\n  call " + c.name + " " + c.arguments + " [" + c.call_id + "]").join("");
+    case "ToolResultEntry": return "result " + b.name + " " + (b.ok ? "ok" : "error") + " [" + b.call_id + "]: "
+      + blocksText(b.content);
+    case "EventEntry": return "event " + b.kind + " from " + b.original_tool_name + ": " + blocksText(b.content);
+    case "SummaryEntry": return "summary up to #" + b.up_to_seq + ": " + b.text;
+    default: return JSON.stringify(b);
+  }
+}
+
+function addEvent(event) {
+  if (event.ephemeral) {
+    $("partial").textContent = event.kind === "completion_retried" ? "" : $("partial").textContent + (event.text || "");
+    return;
+  }
+  if (["completion_requested", "turn_committed", "interrupted"].includes(event.kind)) $("partial").textContent = "";
+  const text = event.entry ? "#" + event.entry.seq + " " + entryText(event.entry)
+    : [event.text, event.data].filter((x) => x).join(" ");
+  const li = el("li", {}, el("span", { class: "when" }, when(event.created_at)),
+                el("span", { class: "kind" }, event.kind), text);
+  li.dataset.kind = event.kind;
+  $("timeline").append(li);
+  if (event.kind === "child_spawned" || event.kind.startsWith("approval") || event.kind === "tool_dispatched"
+      || event.kind === "tool_result" || ["stopped", "parked", "resumed", "unparked", "closed"].includes(event.kind)) {
+    refreshSummary();
+  }
+}
+
+function addReceipt(r) {
+  const tr = el("tr", {},
+    el("td", { class: "when" }, when(r.created_at)), el("td", {}, r.input_id),
+    el("td", { class: r.disposition.startsWith("rejected") ? "rejected" : r.disposition },
+       r.disposition, r.reason ? " (" + r.reason + ")" : ""),
+    el("td", {}, r.provenance),
+    el("td", {}, r.input_partition === null ? "" : r.input_partition + ":" + r.input_offset),
+    el("td", {}, "v" + r.thread_version),
+    el("td", {}, r.history_before.slice(0, 12) + " → " + r.history_after.slice(0, 12)));
+  tr.dataset.input = r.input_id;
+  $("receipts").tBodies[0].append(tr);
+  const action = view.pending.get(r.input_id);
+  if (action) {
+    action.querySelector(".receipt").textContent = "receipt: " + r.disposition + (r.reason ? " (" + r.reason + ")" : "")
+      + " · " + r.provenance + " · v" + r.thread_version;
+    action.dataset.disposition = r.disposition;
+  }
+}
+
+function openThread(id) {
+  closeThread();
+  view.id = id;
+  $("list-view").hidden = true;
+  $("thread-view").hidden = false;
+  $("thread-title").textContent = id;
+  for (const box of ["timeline", "actions", "approvals", "partial", "missing"]) $(box).replaceChildren();
+  $("receipts").tBodies[0].replaceChildren();
+  refreshSummary();
+  view.stream = new EventSource("/api/thread/stream?id=" + encodeURIComponent(id));
+  view.stream.addEventListener("snapshot", (e) => {
+    const snap = JSON.parse(e.data);
+    $("timeline").replaceChildren();
+    $("receipts").tBodies[0].replaceChildren();
+    $("missing").textContent = snap.missing || "";
+    snap.events.forEach(addEvent);
+    $("partial").textContent = snap.partial;
+  });
+  view.stream.addEventListener("record", (e) => {
+    const item = JSON.parse(e.data);
+    if (item.undecodable) { $("timeline").append(el("li", { class: "error" }, "undecodable record: " + item.undecodable)); return; }
+    if (item.record.type === "Receipt") addReceipt(item.record); else addEvent(item.record);
+  });
+  view.stream.addEventListener("failed", (e) => {
+    $("missing").textContent = JSON.parse(e.data).error;
+    view.stream.close();
+  });
+}
+
+function closeThread() {
+  if (view.stream) view.stream.close();
+  view.stream = null;
+  view.id = null;
+  view.pending.clear();
+}
+
+function refreshSummary() {
+  clearTimeout(view.summaryTimer);
+  view.summaryTimer = setTimeout(loadSummary, 150);
+}
+
+async function loadSummary() {
+  const id = view.id;
+  if (id === null) return;
+  const response = await fetch("/api/thread?id=" + encodeURIComponent(id));
+  if (id !== view.id) return;
+  if (!response.ok) { $("thread-summary").replaceChildren(el("dd", {}, "not seen yet")); return; }
+  const s = await response.json();
+  const fields = [["status", s.status + (s.reason ? " (" + s.reason + ")" : "")], ["model", s.model],
+                  ["tenant", s.tenant], ["created", when(s.created_at)], ["last activity", when(s.last_activity)],
+                  ["pending calls", s.pending_calls.join(", ")]];
+  $("thread-summary").replaceChildren(...fields.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v || "")]),
+    el("dt", {}, "parent"), el("dd", {}, s.parent ? threadLink(s.parent) : ""));
+  $("children").replaceChildren(...(s.children.length ? [el("span", {}, "children: ")] : []),
+    ...s.children.map((c) => el("span", { class: "child" }, threadLink(c), " ")));
+  $("approvals").replaceChildren(...s.approvals.map((a) => el("li", { "data-approval": a.approval_id },
+    a.prompt + " ", ...a.choices.map((choice) => {
+      const button = el("button", { type: "button", "data-choice": choice }, choice);
+      button.addEventListener("click", () => act("approve", { approval_id: a.approval_id, choice }, choice));
+      return button;
+    }))));
+  const controls = ["stop", "resume", "park", "unpark", "compact"].map((command) => {
+    const button = el("button", { type: "button", "data-command": command }, command);
+    button.addEventListener("click", () => act("control", { command }, command));
+    return button;
+  });
+  for (const call of s.pending_calls) {
+    const button = el("button", { type: "button", "data-command": "cancel_call" }, "cancel " + call);
+    button.addEventListener("click", () => act("control", { command: "cancel_call", call_id: call }, "cancel " + call));
+    controls.push(button);
+  }
+  const setModel = el("button", { type: "button", "data-command": "set_model" }, "set model");
+  setModel.addEventListener("click", () => act("control", { command: "set_model", model: $("model").value }, "set_model"));
+  controls.push(setModel);
+  $("controls").replaceChildren(...controls);
+}
+
+async function act(kind, fields, label) {
+  const body = { thread_id: view.id, ...fields };
+  if (kind === "control" && $("reason").value) body.reason = $("reason").value;
+  const li = el("li", {}, label + ": ", el("span", { class: "sent" }, "sending…"), " ", el("span", { class: "receipt" }));
+  $("actions").append(li);
+  const response = await fetch("/api/" + kind, {
+    method: "POST", headers: { "Content-Type": "application/json", "X-Torpor-Token": TOKEN },
+    body: JSON.stringify(body) });
+  const answer = await response.json();
+  if (!response.ok) { li.querySelector(".sent").textContent = "refused: " + answer.error; li.className = "error"; return; }
+  li.querySelector(".sent").textContent = "sent as " + answer.source + (answer.signed ? " (signed)" : " (unsigned)")
+    + ", message " + answer.message_id;
+  li.dataset.message = answer.message_id;
+  li.querySelector(".receipt").textContent = "awaiting receipt…";
+  view.pending.set(answer.message_id, li);
+  // A receipt that arrived before the answer (a fast processor) is already in the table.
+  const seen = [...$("receipts").tBodies[0].rows].find((r) => r.dataset.input === answer.message_id);
+  if (seen) li.querySelector(".receipt").textContent = "receipt: " + seen.cells[2].textContent;
+  if (seen) li.dataset.disposition = seen.cells[2].textContent.split(" ")[0];
+}
+
+// --- routing --------------------------------------------------------------------------------
+
+function route() {
+  const match = /^#thread=(.*)$/.exec(location.hash);
+  if (match) { openThread(decodeURIComponent(match[1])); return; }
+  closeThread();
+  $("thread-view").hidden = true;
+  $("list-view").hidden = false;
+  openList();
+  loadThreads();
+}
+
+function start() {
+  fetch("/api/whoami").then((r) => r.json()).then((w) => {
+    $("whoami").textContent = w.operator + (w.signed ? " (signed)" : " (unsigned: development mode)") + " · " + w.prefix;
+  });
+  $("search").addEventListener("submit", (e) => { e.preventDefault(); list.offset = 0; loadThreads(); });
+  $("q").addEventListener("input", () => { list.offset = 0; clearTimeout(list.timer); list.timer = setTimeout(loadThreads, 200); });
+  $("status").addEventListener("change", () => { list.offset = 0; loadThreads(); });
+  $("prev").addEventListener("click", () => { list.offset = Math.max(0, list.offset - PAGE); loadThreads(); });
+  $("next").addEventListener("click", () => { if (list.offset + PAGE < list.total) { list.offset += PAGE; loadThreads(); } });
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+start();
