@@ -1,0 +1,152 @@
+"""The inspector in a real browser: Debian's headless Chromium, driven through chromium-driver.
+
+Against a real broker, a processor (scripted model) and the deploy connector, with
+`torpor ui` as a process: a thread created after the page opened appears in the list
+without a reload; its timeline grows as the agent works (the turn, the tool call, the
+approval request); approving from the page is sent as a signed-or-not operator input
+whose receipt the page shows, and the agent resumes and answers. A thread id and model
+text that are HTML run nothing: they show as text.
+
+Chromium is a hard requirement (`.ci/run` installs it): if it cannot start, the test
+fails and says why; it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+from urllib.parse import quote
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+
+from tests.cli.rig import send, start_thread
+from tests.inspector.rig import DONE, HOSTILE_TEXT, HOSTILE_THREAD, Inspected, inspected, ui_log
+from tests.waiting import wait_until
+from torpor.schemas.records import Input, TextBlock, UserMessage
+
+pytestmark = pytest.mark.kafka
+
+CHROMIUM: Final = os.environ.get("TORPOR_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER: Final = os.environ.get("TORPOR_CHROMEDRIVER", "/usr/bin/chromedriver")
+SCREENSHOT_ENV: Final = "TORPOR_UI_SCREENSHOT"  # a path: where to save the page (docs/ui.png)
+WAIT_S: Final = 120.0
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not (Path(p).exists() or shutil.which(p))]
+    if missing:
+        pytest.fail(f"headless Chromium is needed for this test and {missing} is not installed: "
+                    "`apt-get install chromium chromium-driver` (.ci/run does it)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1400,1000"):
+        options.add_argument(flag)
+    try:
+        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    except WebDriverException as error:
+        pytest.fail(f"headless Chromium ({CHROMIUM}, driver {CHROMEDRIVER}) did not start: {error.msg}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def ui(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Inspected]:
+    with inspected(kafka_bootstrap, admin, tmp_path) as found:
+        yield found
+
+
+def _row(driver: WebDriver, thread: str) -> WebElement | None:
+    for row in driver.find_elements(By.CSS_SELECTOR, "#threads tbody tr"):
+        if row.get_attribute("data-thread") == thread:
+            return row
+    return None
+
+
+def _timeline(driver: WebDriver) -> str:
+    return driver.find_element(By.ID, "timeline").text
+
+
+def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
+        ui: Inspected, browser: WebDriver) -> None:
+    browser.get(ui.url)
+    wait_until(lambda: "live" in browser.find_element(By.ID, "feed").text, timeout=WAIT_S,
+               message=f"the page's feed to catch up; ui log:\n{ui_log(ui)}")
+    thread = f"agent-{uuid.uuid4().hex[:8]}"
+    assert _row(browser, thread) is None
+
+    start_thread(ui.deployment, thread, "please deploy to staging", "deploy")
+    row = wait_until(lambda: _row(browser, thread), timeout=WAIT_S,
+                     message=f"the new thread in the list, without a reload; ui log:\n{ui_log(ui)}")
+    row.find_element(By.CSS_SELECTOR, "a.thread-link").click()
+
+    wait_until(lambda: "Asking first." in _timeline(browser) and "approval_requested" in _timeline(browser),
+               timeout=WAIT_S, message="the turn, the call and the approval request on the timeline")
+    timeline = _timeline(browser)
+    assert "input_accepted" in timeline and "#0 user: please deploy to staging" in timeline, timeline
+    assert "call deploy" in timeline, timeline
+    grown = len(browser.find_elements(By.CSS_SELECTOR, "#timeline li"))
+
+    button = '#approvals button[data-choice="approve"]'
+    approve = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, button), timeout=WAIT_S,
+                         message="the approve button")
+    approve[0].click()
+    action = wait_until(
+        lambda: next((a for a in browser.find_elements(By.CSS_SELECTOR, "#actions li")
+                      if a.get_attribute("data-disposition")), None),
+        timeout=WAIT_S, message="the decision's receipt on the page")
+    assert action.get_attribute("data-disposition") == "applied", action.text
+    assert "sent as operator:inspector-test" in action.text and "receipt: applied" in action.text, action.text
+
+    wait_until(lambda: DONE in _timeline(browser), timeout=WAIT_S,
+               message=f"the agent's answer after the approval; connector log:\n"
+                       f"{ui.deployment.log('connector')[-2000:]}")
+    timeline = _timeline(browser)
+    assert "approval_decided" in timeline and "decided_by" in timeline, timeline
+    assert "result deploy ok" in timeline and "deployed staging" in timeline, timeline
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline li")) > grown
+    receipts = browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")
+    assert receipts and all(r.find_elements(By.TAG_NAME, "td")[2].text for r in receipts)
+    if target := os.environ.get(SCREENSHOT_ENV):
+        browser.save_screenshot(target)
+
+
+def test_html_in_a_thread_id_or_model_text_is_shown_as_text_and_runs_nothing(
+        ui: Inspected, browser: WebDriver) -> None:
+    browser.get(ui.url)
+    # Model text is the model's to write: here it is HTML that would run if parsed as markup.
+    thread = f"hostile-{uuid.uuid4().hex[:8]}"
+    send(ui.deployment, thread, "hostile", "--new", "--model", "scripted")
+    # A thread id no client would send (the CLI refuses it) comes raw from a hostile producer;
+    # the processor refuses it too, with a receipt that names it, which the page lists.
+    ui.deployment.send(Input(message_id=f"m-{uuid.uuid4().hex}", thread_id=HOSTILE_THREAD, created_at=1,
+                             source="user:mallory", expires_at=None, key_id=None, signature=None,
+                             body=UserMessage((TextBlock(HOSTILE_TEXT),))))
+    hostile = wait_until(lambda: _row(browser, HOSTILE_THREAD), timeout=WAIT_S,
+                         message=f"the hostile thread id in the list; ui log:\n{ui_log(ui)}")
+    assert hostile.find_element(By.CSS_SELECTOR, "a.thread-link").text == HOSTILE_THREAD
+    row = wait_until(lambda: _row(browser, thread), timeout=WAIT_S, message="the thread in the list")
+    row.find_element(By.CSS_SELECTOR, "a.thread-link").click()
+    wait_until(lambda: HOSTILE_TEXT in _timeline(browser), timeout=WAIT_S,
+               message="the model's hostile text on the timeline, as text")
+    browser.get(ui.url + "#thread=" + quote(HOSTILE_THREAD, safe=""))
+    wait_until(lambda: browser.find_element(By.ID, "thread-title").text == HOSTILE_THREAD, timeout=WAIT_S,
+               message="the hostile thread's page")
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr"), timeout=WAIT_S,
+               message="the hostile thread's receipt")
+    assert browser.find_elements(By.CSS_SELECTOR, "main img, main script") == []
+    assert browser.execute_script("return window.pwned === undefined") is True
