@@ -24,6 +24,7 @@ from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import configure
 from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
+from torpor.processors.metrics import MeteredProcessor, serve_metrics
 from torpor.processors.models.providers.registry import ModelRouter
 from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.processors.processor import Processor, ProcessorConfig
@@ -78,13 +79,18 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
 @click.option("--connector", "connectors", multiple=True, metavar="MODULE:NAME",
               help="Host this connector in the processor's process, for development (repeatable; "
                    "e.g. torpor.connectors.echo:EchoTool). It gets dispatches once committed.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, envvar="TORPOR_METRICS_PORT",
+              help="Serve Prometheus metrics on http://--metrics-host:PORT/metrics (0: any free port, "
+                   "printed). Default: no metrics.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="The address of /metrics.")
 @click.option("--log-level", default="info", show_default=True)
 @settings_options
 def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str | None,
               default_model: str, openai_base_url: str | None, openai_api_key_env: str,
               anthropic_base_url: str | None, anthropic_api_key_env: str, bedrock_region: str | None,
               bedrock_endpoint_url: str | None, connectors: tuple[str, ...],
-              log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
+              metrics_port: int | None, metrics_host: str, log_level: str, config_file: Path | None,
+              bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     configure(log_level)
     # A stop asked for during startup (topics, stores) is honoured at the loop's first check.
@@ -109,8 +115,11 @@ def processor(instance: str, until_idle: bool, store_dir: Path | None, script: P
         model = ModelRouter(providers, default_model, script=rules)
         hosted = HostedConnectors(settings, connectors, app=app, instance=instance,
                                   store_dir=config.store_dir)
-        runner = Processor(settings, config, model, inputs_partitions=ensured.partitions,
-                           hosted_busy=hosted.busy)
+        kind = Processor if metrics_port is None else MeteredProcessor
+        runner = kind(settings, config, model, inputs_partitions=ensured.partitions, hosted_busy=hosted.busy)
+        if isinstance(runner, MeteredProcessor) and metrics_port is not None:
+            server, _ = serve_metrics(runner.metrics.registry, metrics_host, metrics_port)
+            click.echo(f"metrics on http://{metrics_host}:{server.server_port}/metrics", err=True)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
     hosted.start()

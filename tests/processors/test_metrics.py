@@ -1,0 +1,88 @@
+"""`torpor processor --metrics-port`: `/metrics` scraped from a real processor process.
+
+A processor against a real broker folds applied inputs, a duplicate, a control to a
+thread that does not exist, a poison record and a park; its `/metrics` then counts the
+inputs by disposition exactly as the `receipts` topic holds them, the dispatch and the
+completions it produced, its committed checkpoints with their commit latency, and the
+one parked thread.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import replace
+from typing import Final
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.processors.test_processor import Deployment, _conversation, _input, deployment
+from tests.waiting import wait_until
+from torpor.schemas.records import Control, Input
+
+pytestmark = pytest.mark.kafka
+__all__ = ["deployment"]  # the fixture, shared with the processor's tests
+
+WAIT_S: Final = 120.0
+EXPECTED_RECEIPTS: Final = 10
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _inputs(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> Counter[str]:
+    counted: Counter[str] = Counter()
+    for (name, labels), value in samples.items():
+        if name == "torpor_inputs_total" and value:
+            label = dict(labels)
+            key = label["disposition"] + (f":{label['reason']}" if label["reason"] else "")
+            counted[key] += int(value)
+    return counted
+
+
+def _operator(thread: str, at: int, control: Control) -> Input:
+    return replace(_input(thread, f"m-{uuid.uuid4().hex}", at, control), source="operator:test")
+
+
+def test_the_metrics_endpoint_counts_what_the_receipts_say(deployment: Deployment) -> None:
+    working, parked = f"metrics-{uuid.uuid4().hex[:8]}", f"parked-{uuid.uuid4().hex[:8]}"
+    create, ping = _conversation(working, "please ping")
+    deployment.send(create, ping, ping)  # the second is a duplicate
+    deployment.send(*_conversation(parked, "hello"))
+    deployment.send(_operator(f"nobody-{uuid.uuid4().hex[:8]}", 3_000, Control("stop", None, None, None)))
+    deployment.send_raw(working.encode(), b"not an input at all")
+    deployment.start(deployment.processor_args("p0", "--metrics-port", "0"), "processor")
+    found = wait_until(lambda: re.search(r"metrics on (http://\S+/metrics)", deployment.log("processor")),
+                       timeout=WAIT_S, message="the metrics address in the processor's log")
+    url = found.group(1)
+    # The park goes once the thread has answered, so the gauge sees a thread that was idle.
+    wait_until(lambda: any(r.thread_id == parked and r.turn_commit for r in deployment.receipts()),
+               timeout=WAIT_S, message="the thread to be parked to answer first")
+    deployment.send(_operator(parked, 4_000, Control("park", None, None, "metrics")))
+
+    def settled() -> tuple[Counter[str], dict[tuple[str, tuple[tuple[str, str], ...]], float]] | None:
+        receipts = Counter(r.disposition for r in deployment.receipts())
+        samples = _scrape(url)
+        if sum(receipts.values()) < EXPECTED_RECEIPTS or _inputs(samples) != receipts:
+            return None
+        return receipts, samples
+
+    receipts, samples = wait_until(settled, timeout=WAIT_S,
+                                   message=f"/metrics to match the receipts; log:\n"
+                                           f"{deployment.log('processor')[-2000:]}")
+    assert receipts["applied"] >= 6 and receipts["duplicate"] == 1 and receipts["parked"] == 1, receipts
+    assert receipts["rejected:unknown_thread"] == 1, receipts
+    assert samples[("torpor_dispatches_total", ())] == 1  # the echo call of "please ping"
+    assert samples[("torpor_completions_total", (("outcome", "ok"),))] == 2
+    assert samples[("torpor_parked_threads", ())] == 1
+    committed = samples[("torpor_checkpoints_total", (("outcome", "committed"),))]
+    assert committed >= 1
+    assert samples[("torpor_checkpoint_commit_seconds_count", (("outcome", "committed"),))] == committed
+    assert samples[("torpor_checkpoint_commit_seconds_sum", (("outcome", "committed"),))] > 0
