@@ -10,18 +10,24 @@ is refused before anything is produced; the page forbids inline script.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import send
+from tests.cli.rig import send, settings_of
 from tests.inspector.rig import HOSTILE_TEXT, Inspected, inspected, ui_log
+from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
+from torpor.streams.admin import ensure_topics
+from torpor.streams.deadline import Deadline
+from torpor.streams.topics import TopicNames
 
 pytestmark = pytest.mark.kafka
 
@@ -201,3 +207,24 @@ def test_the_page_forbids_inline_script_and_framing(ui: Inspected) -> None:
     assert "<script>" not in page.text  # the script is a file of its own
     assert _get(ui, "/api/threads?limit=100000").status_code == 400
     assert _get(ui, "/api/thread?id=" + uuid.uuid4().hex).status_code == 404
+
+
+def test_a_ui_started_before_the_topics_exist_says_so_and_catches_up_once_they_do(
+        kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> None:
+    early = Deployment(kafka_bootstrap, tmp_path, prefix=f"test.ui.{uuid.uuid4().hex[:10]}.")
+    early.start([TORPOR, "ui", "--port", "0"], "ui")
+    try:
+        found = wait_until(lambda: re.search(r"torpor ui: (http://\S+/)", early.log("ui")), timeout=60,
+                           message="the ui's address")
+        threads = found.group(1) + "api/threads"
+        said = wait_until(lambda: httpx.get(threads, timeout=30).json()["feed_error"], timeout=WAIT_S,
+                          message="the feed to say what is wrong")
+        assert f"{early.prefix}events" in said
+        ensure_topics(admin, settings_of(early), Deadline.after(60))
+        wait_until(lambda: (state := httpx.get(threads, timeout=30).json())["caught_up"]
+                   and state["feed_error"] is None, timeout=WAIT_S, message="the feed to catch up")
+    finally:
+        early.stop_all()
+        for future in admin.delete_topics(list(TopicNames.for_prefix(early.prefix).all()),
+                                          operation_timeout=30).values():
+            future.result(timeout=60)
