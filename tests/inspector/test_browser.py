@@ -39,7 +39,7 @@ pytestmark = pytest.mark.kafka
 
 CHROMIUM: Final = os.environ.get("TORPOR_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER: Final = os.environ.get("TORPOR_CHROMEDRIVER", "/usr/bin/chromedriver")
-SCREENSHOT_ENV: Final = "TORPOR_UI_SCREENSHOT"  # a path: where to save the page (docs/ui.png)
+SCREENSHOTS_ENV: Final = "TORPOR_UI_SCREENSHOTS"  # a folder (docs/): where to save pictures of the page
 WAIT_S: Final = 120.0
 
 
@@ -77,6 +77,11 @@ def _row(driver: WebDriver, thread: str) -> WebElement | None:
     return None
 
 
+def _picture(driver: WebDriver, name: str) -> None:
+    if folder := os.environ.get(SCREENSHOTS_ENV):
+        driver.save_screenshot(str(Path(folder) / name))
+
+
 def _timeline(driver: WebDriver) -> str:
     return driver.find_element(By.ID, "timeline").text
 
@@ -92,6 +97,7 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     start_thread(ui.deployment, thread, "please deploy to staging", "deploy")
     row = wait_until(lambda: _row(browser, thread), timeout=WAIT_S,
                      message=f"the new thread in the list, without a reload; ui log:\n{ui_log(ui)}")
+    _picture(browser, "ui-threads.png")
     row.find_element(By.CSS_SELECTOR, "a.thread-link").click()
 
     wait_until(lambda: "Asking first." in _timeline(browser) and "approval_requested" in _timeline(browser),
@@ -121,8 +127,7 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline li")) > grown
     receipts = browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")
     assert receipts and all(r.find_elements(By.TAG_NAME, "td")[2].text for r in receipts)
-    if target := os.environ.get(SCREENSHOT_ENV):
-        browser.save_screenshot(target)
+    _picture(browser, "ui-thread.png")
 
 
 def test_html_in_a_thread_id_or_model_text_is_shown_as_text_and_runs_nothing(

@@ -188,6 +188,7 @@ async function loadSummary() {
     el("dt", {}, "parent"), el("dd", {}, s.parent ? threadLink(s.parent) : ""));
   $("children").replaceChildren(...(s.children.length ? [el("span", {}, "children: ")] : []),
     ...s.children.map((c) => el("span", { class: "child" }, threadLink(c), " ")));
+  $("approvals-box").hidden = s.approvals.length === 0;
   $("approvals").replaceChildren(...s.approvals.map((a) => el("li", { "data-approval": a.approval_id },
     a.prompt + " ", ...a.choices.map((choice) => {
       const button = el("button", { type: "button", "data-choice": choice }, choice);
