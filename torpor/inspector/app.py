@@ -43,7 +43,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from torpor.inspector.bridge import iterate_in_thread
+from torpor.inspector.bridge import IDLE, iterate_in_thread
 from torpor.inspector.desk import Desk, DeskError
 from torpor.inspector.feed import Feed
 from torpor.inspector.index import ThreadIndex
@@ -159,20 +159,17 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
                                     status_code=400)
 
         async def records() -> AsyncIterator[str]:
-            items = iterate_in_thread(lambda stopped: timeline(config.settings, thread_id, resume, stopped))
+            items = iterate_in_thread(lambda stopped: timeline(config.settings, thread_id, resume, stopped),
+                                      KEEPALIVE_SECONDS)
             try:
-                while True:
-                    try:
-                        position, message = await asyncio.wait_for(anext(items), KEEPALIVE_SECONDS)
-                    except TimeoutError:
+                async for item in items:
+                    if item is IDLE:
                         yield ": keepalive\n\n"
                         continue
-                    except StopAsyncIteration:
-                        return
-                    except TorporError as error:
-                        yield _sse("failed", {"error": str(error)})
-                        return
+                    position, message = item
                     yield _sse(str(message["kind"]), message, json.dumps(position.as_json()))
+            except TorporError as error:
+                yield _sse("failed", {"error": str(error)})
             finally:
                 await items.aclose()
 
