@@ -59,6 +59,7 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, sig
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(128)  # before the address is printed: a client that connects at once waits, not refused
     except OSError as error:
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
     shown = f"[{host}]" if family == socket.AF_INET6 else host
