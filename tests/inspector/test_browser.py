@@ -127,6 +127,20 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline li")) > grown
     receipts = browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")
     assert receipts and all(r.find_elements(By.TAG_NAME, "td")[2].text for r in receipts)
+
+    # Time travel: each receipt's input re-folded from the log gives the head that receipt recorded.
+    for row in (receipts[1], receipts[-1]):  # the user's message; the last input
+        after = row.find_elements(By.TAG_NAME, "td")[6].text.split("→")[-1].strip()
+        row.find_element(By.CSS_SELECTOR, "button.travel").click()
+        past = wait_until(lambda: (text := browser.find_element(By.ID, "past-head").text).startswith("after")
+                          and text, timeout=WAIT_S, message="the thread as it stood")
+        assert after and f"head {after}" in past, (past, after)
+    wait_until(lambda: "Deployed to staging." in browser.find_element(By.ID, "past").text, timeout=WAIT_S,
+               message="the last input's past, whole")
+    receipts[1].find_element(By.CSS_SELECTOR, "button.travel").click()
+    wait_until(lambda: "awaiting_model, 1 entries" in browser.find_element(By.ID, "past-head").text,
+               timeout=WAIT_S, message="the thread as it stood after the user's message")
+    assert browser.find_element(By.ID, "past").text == "user: please deploy to staging"
     _picture(browser, "ui-thread.png")
 
 

@@ -15,8 +15,10 @@ exposing it.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import socket
+import uuid
 from pathlib import Path
 
 import click
@@ -27,7 +29,16 @@ from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options
 from torpor.inspector.app import UiConfig, create_app
 from torpor.inspector.desk import Desk
+from torpor.inspector.past import PastState
+from torpor.processors.replay import Cut, Replayer, partitions_of, read_log, thread_head
+from torpor.processors.store.tables import read_entries
+from torpor.processors.trust import verifier_for
+from torpor.schemas.codec import Codec
 from torpor.schemas.records import Input
+from torpor.streams.clients import make_consumer
+from torpor.streams.config import Settings
+from torpor.streams.partitioner import partition_for
+from torpor.streams.topics import TopicNames
 
 
 @click.command("ui")
@@ -53,7 +64,8 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, sig
     if host not in ("0.0.0.0", "::"):
         hosts.append(host)
     desk = Desk(operator or getpass.getuser(), signer, submit)
-    app = create_app(UiConfig(settings=settings, desk=desk, hosts=tuple(hosts)))
+    app = create_app(UiConfig(settings=settings, desk=desk, hosts=tuple(hosts),
+                              time_travel=functools.partial(past_state, settings)))
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -66,3 +78,26 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, sig
     click.echo(f"torpor ui: http://{shown}:{sock.getsockname()[1]}/", nl=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=3))
     server.run(sockets=[sock])
+
+
+def past_state(settings: Settings, thread_id: str, offset: int) -> PastState | None:
+    """`thread_id` as it stood after the input at `offset` of its partition: the thread's
+    inputs re-folded up to there with the processor's own `step` and verifier, as
+    `torpor replay --thread --at` does. None if it did not exist then."""
+    inputs = TopicNames.for_prefix(settings.topics.prefix).inputs
+    consumer = make_consumer(settings, f"torpor-ui-replay-{uuid.uuid4().hex[:8]}")
+    try:
+        count = len(partitions_of(consumer, inputs))
+        partition = partition_for(thread_id.encode("utf-8"), count)
+        replayer = Replayer(verifier_for(settings.inputs), Codec.from_url(settings.schema_registry.url),
+                            inputs, settings.inputs.max_bytes, partitions=count)
+        for record in read_log(consumer, inputs, Cut({partition: offset}), thread_id, partitions=[partition]):
+            replayer.feed(record)
+        store = replayer.finish().get(partition)
+    finally:
+        consumer.close()
+    head = thread_head(store, thread_id) if store is not None else None
+    if store is None or head is None:
+        return None
+    return PastState(thread_id, offset, head.status, head.history_len, head.head,
+                     tuple(read_entries(store, thread_id)))

@@ -9,6 +9,8 @@ Routes:
   GET  /api/thread/stream?id=   SSE: the thread's snapshot, then each later record; every
                                 message's id is the position after it, so a reconnecting
                                 EventSource (Last-Event-ID) resumes with no gap and no repeat
+  GET  /api/thread/at?id=&offset=   the thread as it stood after its input at that offset of
+                                its partition (re-folded from `inputs`, as `torpor replay --at`)
   POST /api/approve, /api/control   an operator's decision or command, signed (`Desk`);
                                 answers the message id, whose receipt the timeline shows
 
@@ -47,6 +49,7 @@ from torpor.inspector.bridge import IDLE, iterate_in_thread
 from torpor.inspector.desk import Desk, DeskError
 from torpor.inspector.feed import Feed
 from torpor.inspector.index import ThreadIndex
+from torpor.inspector.past import TimeTravel
 from torpor.inspector.timeline import timeline
 from torpor.schemas.errors import TorporError
 from torpor.streams.config import Settings
@@ -69,6 +72,7 @@ class UiConfig:
     settings: Settings
     desk: Desk
     hosts: Sequence[str] = ("127.0.0.1", "localhost", "[::1]")
+    time_travel: TimeTravel | None = None
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
 
@@ -184,6 +188,26 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
             _text(body, "thread_id"), _text(body, "command"), call_id=_optional(body, "call_id"),
             model=_optional(body, "model"), reason=_optional(body, "reason")))
 
+    async def thread_at(request: Request) -> Response:
+        thread_id = request.query_params.get("id", "")
+        try:
+            offset = int(request.query_params.get("offset", ""))
+        except ValueError:
+            offset = -1
+        if not thread_id or offset < 0:
+            return JSONResponse({"error": "which thread (?id=) at which input offset (&offset=)?"},
+                                status_code=400)
+        travel = config.time_travel
+        if travel is None:
+            return JSONResponse({"error": "time travel is not available in this server"}, status_code=501)
+        try:
+            past = await asyncio.to_thread(travel, thread_id, offset)
+        except TorporError as error:
+            return JSONResponse({"error": str(error)}, status_code=502)
+        if past is None:
+            return JSONResponse({"error": "the thread did not exist at that offset"}, status_code=404)
+        return JSONResponse(past.as_json())
+
     async def whoami(_: Request) -> Response:
         return JSONResponse({"operator": config.desk.source, "signed": config.desk.signer is not None,
                              "prefix": config.settings.topics.prefix})
@@ -194,6 +218,7 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
         Route("/api/threads/stream", threads_stream),
         Route("/api/thread", thread),
         Route("/api/thread/stream", thread_stream),
+        Route("/api/thread/at", thread_at),
         Route("/api/approve", approve, methods=["POST"]),
         Route("/api/control", control, methods=["POST"]),
         Route("/api/whoami", whoami),

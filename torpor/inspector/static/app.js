@@ -122,7 +122,8 @@ function addReceipt(r) {
     el("td", {}, r.provenance),
     el("td", {}, r.input_partition === null ? "" : r.input_partition + ":" + r.input_offset),
     el("td", {}, "v" + r.thread_version),
-    el("td", {}, r.history_before.slice(0, 12) + " → " + r.history_after.slice(0, 12)));
+    el("td", {}, r.history_before.slice(0, 12) + " → " + r.history_after.slice(0, 12)),
+    el("td", {}, r.input_offset === null ? "" : travelButton(r.input_partition, r.input_offset)));
   tr.dataset.input = r.input_id;
   $("receipts").tBodies[0].append(tr);
   const action = view.pending.get(r.input_id);
@@ -133,13 +134,37 @@ function addReceipt(r) {
   }
 }
 
+function travelButton(partition, offset) {
+  const button = el("button", { type: "button", class: "travel", "data-offset": offset }, "as of here");
+  button.addEventListener("click", () => travel(partition, offset));
+  return button;
+}
+
+// The thread as it stood after the input at `offset`: re-folded from the inputs by the server.
+async function travel(partition, offset) {
+  const id = view.id;
+  $("past-box").hidden = false;
+  $("past-head").textContent = "re-folding the inputs up to " + partition + ":" + offset + "…";
+  $("past").replaceChildren();
+  const response = await fetch("/api/thread/at?" + new URLSearchParams({ id, offset: String(offset) }));
+  const past = await response.json();
+  if (id !== view.id) return;
+  if (!response.ok) { $("past-head").textContent = past.error; return; }
+  $("past-head").textContent = "after input " + partition + ":" + offset + ": " + past.status + ", "
+    + past.history_len + " entries, head " + past.head.slice(0, 12);
+  $("past-head").dataset.status = past.status;
+  $("past").replaceChildren(...past.entries.map((e) => el("li", {}, entryText(e))));
+  $("past-box").scrollIntoView();
+}
+
 function openThread(id) {
   closeThread();
   view.id = id;
   $("list-view").hidden = true;
   $("thread-view").hidden = false;
   $("thread-title").textContent = id;
-  for (const box of ["timeline", "actions", "approvals", "partial", "missing"]) $(box).replaceChildren();
+  for (const box of ["timeline", "actions", "approvals", "partial", "missing", "past"]) $(box).replaceChildren();
+  $("past-box").hidden = true;
   $("receipts").tBodies[0].replaceChildren();
   refreshSummary();
   view.stream = new EventSource("/api/thread/stream?id=" + encodeURIComponent(id));
