@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 from urllib.parse import quote
@@ -77,6 +77,23 @@ def _row(driver: WebDriver, thread: str) -> WebElement | None:
     return None
 
 
+def _link(driver: WebDriver, thread: str) -> WebElement | None:
+    row = _row(driver, thread)
+    return row.find_element(By.CSS_SELECTOR, "a.thread-link") if row is not None else None
+
+
+def _click(find: Callable[[], WebElement | None], what: str) -> None:
+    """Click what `find` finds, again if the page redrew it in between (a live page does)."""
+    def clicked() -> bool:
+        element = find()
+        if element is None:
+            return False
+        element.click()  # a stale element raises: not clicked, tried again
+        return True
+
+    wait_until(clicked, timeout=WAIT_S, message=f"to click {what}")
+
+
 def _picture(driver: WebDriver, name: str) -> None:
     if folder := os.environ.get(SCREENSHOTS_ENV):
         driver.save_screenshot(str(Path(folder) / name))
@@ -95,10 +112,10 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     assert _row(browser, thread) is None
 
     start_thread(ui.deployment, thread, "please deploy to staging", "deploy")
-    row = wait_until(lambda: _row(browser, thread), timeout=WAIT_S,
-                     message=f"the new thread in the list, without a reload; ui log:\n{ui_log(ui)}")
+    wait_until(lambda: _row(browser, thread), timeout=WAIT_S,
+               message=f"the new thread in the list, without a reload; ui log:\n{ui_log(ui)}")
     _picture(browser, "ui-threads.png")
-    row.find_element(By.CSS_SELECTOR, "a.thread-link").click()
+    _click(lambda: _link(browser, thread), "the thread's link")
 
     wait_until(lambda: "Asking first." in _timeline(browser) and "approval_requested" in _timeline(browser),
                timeout=WAIT_S, message="the turn, the call and the approval request on the timeline")
@@ -107,10 +124,8 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     assert "call deploy" in timeline, timeline
     grown = len(browser.find_elements(By.CSS_SELECTOR, "#timeline li"))
 
-    button = '#approvals button[data-choice="approve"]'
-    approve = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, button), timeout=WAIT_S,
-                         message="the approve button")
-    approve[0].click()
+    _click(lambda: browser.find_element(By.CSS_SELECTOR, '#approvals button[data-choice="approve"]'),
+           "the approve button")
     action = wait_until(
         lambda: next((a for a in browser.find_elements(By.CSS_SELECTOR, "#actions li")
                       if a.get_attribute("data-disposition")), None),
@@ -155,11 +170,10 @@ def test_html_in_a_thread_id_or_model_text_is_shown_as_text_and_runs_nothing(
     ui.deployment.send(Input(message_id=f"m-{uuid.uuid4().hex}", thread_id=HOSTILE_THREAD, created_at=1,
                              source="user:mallory", expires_at=None, key_id=None, signature=None,
                              body=UserMessage((TextBlock(HOSTILE_TEXT),))))
-    hostile = wait_until(lambda: _row(browser, HOSTILE_THREAD), timeout=WAIT_S,
-                         message=f"the hostile thread id in the list; ui log:\n{ui_log(ui)}")
-    assert hostile.find_element(By.CSS_SELECTOR, "a.thread-link").text == HOSTILE_THREAD
-    row = wait_until(lambda: _row(browser, thread), timeout=WAIT_S, message="the thread in the list")
-    row.find_element(By.CSS_SELECTOR, "a.thread-link").click()
+    # Shown as the text it is (a stale row, redrawn meanwhile, raises: looked at again).
+    wait_until(lambda: (link := _link(browser, HOSTILE_THREAD)) is not None and link.text == HOSTILE_THREAD,
+               timeout=WAIT_S, message=f"the hostile thread id in the list, as text; ui log:\n{ui_log(ui)}")
+    _click(lambda: _link(browser, thread), "the thread's link")
     wait_until(lambda: HOSTILE_TEXT in _timeline(browser), timeout=WAIT_S,
                message="the model's hostile text on the timeline, as text")
     browser.get(ui.url + "#thread=" + quote(HOSTILE_THREAD, safe=""))

@@ -75,7 +75,7 @@ function openList() {
 
 // --- one thread ---------------------------------------------------------------------------
 
-const view = { id: null, stream: null, pending: new Map(), summaryTimer: null, seen: new Set() };
+const view = { id: null, stream: null, pending: new Map(), summaryTimer: null, actionable: null };
 
 function blocksText(blocks) {
   return (blocks || []).map((b) => b.type === "TextBlock" || b.type === "ThinkingBlock" ? b.text
@@ -191,6 +191,7 @@ function closeThread() {
   if (view.stream) view.stream.close();
   view.stream = null;
   view.id = null;
+  view.actionable = null;
   view.pending.clear();
 }
 
@@ -213,6 +214,11 @@ async function loadSummary() {
     el("dt", {}, "parent"), el("dd", {}, s.parent ? threadLink(s.parent) : ""));
   $("children").replaceChildren(...(s.children.length ? [el("span", {}, "children: ")] : []),
     ...s.children.map((c) => el("span", { class: "child" }, threadLink(c), " ")));
+  // The buttons are drawn again only when what they act on changed: a click never lands
+  // on a button that was just replaced.
+  const actionable = JSON.stringify([id, s.approvals, s.pending_calls]);
+  if (actionable === view.actionable) return;
+  view.actionable = actionable;
   $("approvals-box").hidden = s.approvals.length === 0;
   $("approvals").replaceChildren(...s.approvals.map((a) => el("li", { "data-approval": a.approval_id },
     a.prompt + " ", ...a.choices.map((choice) => {
