@@ -4,7 +4,8 @@ processes against a real broker, for the inspector's tests.
 `inspected(...)` deploys them on topics of their own (tests.cli.rig.deploy), starts
 `torpor ui --port 0` with the same settings, and yields an `Inspected`: the deployment
 and the page's URL. The scripted model asks for a deployment (which needs an approval)
-when told "deploy to staging", answers `DONE` once deployed, and answers "hostile" with
+when told "deploy to staging", answers `DONE` once deployed, spawns a child thread when
+told to "split the work" (the child answers `CHILD_ANSWER`), and answers "hostile" with
 text that would run script if a page ever parsed model text as HTML.
 """
 
@@ -24,6 +25,8 @@ from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 
 DONE: Final = "Deployed to staging."
+CHILD_TASK: Final = "Check region eu-west."
+CHILD_ANSWER: Final = "Region eu-west is fine."
 HOSTILE_TEXT: Final = "<img src=x onerror=window.pwned=1><script>window.pwned=2</script>"
 # A thread id with no space or control character is a valid wire id, whatever else it holds.
 HOSTILE_THREAD: Final = "<img/src=x/onerror=window.pwned=3>"
@@ -38,6 +41,16 @@ turns = [{{ text = "{DONE}" }}]
 [[model]]
 last_contains = "deploy to staging"
 turns = [{{ text = "Asking first.", calls = [{{ name = "deploy", arguments = {{ target = "staging" }} }}] }}]
+
+[[model]]
+last_contains = "split the work"
+turns = [{{ text = "Asking a helper.", calls = [
+  {{ name = "spawn_thread", arguments = {{ instructions = "{CHILD_TASK}" }} }},
+] }}]
+
+[[model]]
+last_contains = "{CHILD_TASK}"
+turns = [{{ text = "{CHILD_ANSWER}" }}]
 
 [[model]]
 last_contains = "hostile"

@@ -31,7 +31,15 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from tests.cli.rig import send, start_thread
-from tests.inspector.rig import DONE, HOSTILE_TEXT, HOSTILE_THREAD, Inspected, inspected, ui_log
+from tests.inspector.rig import (
+    CHILD_ANSWER,
+    DONE,
+    HOSTILE_TEXT,
+    HOSTILE_THREAD,
+    Inspected,
+    inspected,
+    ui_log,
+)
 from tests.waiting import wait_until
 from torpor.schemas.records import Input, TextBlock, UserMessage
 
@@ -94,6 +102,15 @@ def _click(find: Callable[[], WebElement | None], what: str) -> None:
     wait_until(clicked, timeout=WAIT_S, message=f"to click {what}")
 
 
+def _found(driver: WebDriver, css: str) -> list[WebElement] | None:
+    """The elements `css` selects, or None while there are none (wait_until takes [] as an answer)."""
+    return driver.find_elements(By.CSS_SELECTOR, css) or None
+
+
+def _at_least(count: int, elements: list[WebElement]) -> list[WebElement] | None:
+    return elements if len(elements) >= count else None
+
+
 def _picture(driver: WebDriver, name: str) -> None:
     if folder := os.environ.get(SCREENSHOTS_ENV):
         driver.save_screenshot(str(Path(folder) / name))
@@ -140,8 +157,10 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     assert "approval_decided" in timeline and "decided_by" in timeline, timeline
     assert "result deploy ok" in timeline and "deployed staging" in timeline, timeline
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline li")) > grown
-    receipts = browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")
-    assert receipts and all(r.find_elements(By.TAG_NAME, "td")[2].text for r in receipts)
+    # create, message, completion, approval request, decision, tool result, completion
+    receipts = wait_until(lambda: _at_least(7, browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")),
+                          timeout=WAIT_S, message="the seven receipts")
+    assert len(receipts) == 7 and all(r.find_elements(By.TAG_NAME, "td")[2].text for r in receipts)
 
     # Time travel: each receipt's input re-folded from the log gives the head that receipt recorded.
     for row in (receipts[1], receipts[-1]):  # the user's message; the last input
@@ -179,7 +198,26 @@ def test_html_in_a_thread_id_or_model_text_is_shown_as_text_and_runs_nothing(
     browser.get(ui.url + "#thread=" + quote(HOSTILE_THREAD, safe=""))
     wait_until(lambda: browser.find_element(By.ID, "thread-title").text == HOSTILE_THREAD, timeout=WAIT_S,
                message="the hostile thread's page")
-    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr"), timeout=WAIT_S,
+    wait_until(lambda: _found(browser, "#receipts tbody tr"), timeout=WAIT_S,
                message="the hostile thread's receipt")
     assert browser.find_elements(By.CSS_SELECTOR, "main img, main script") == []
     assert browser.execute_script("return window.pwned === undefined") is True
+
+
+def test_a_thread_s_children_are_links_to_their_own_timelines(ui: Inspected, browser: WebDriver) -> None:
+    browser.get(ui.url)
+    parent = f"parent-{uuid.uuid4().hex[:8]}"
+    send(ui.deployment, parent, "please split the work", "--new", "--model", "scripted")
+    _click(lambda: _link(browser, parent), "the parent's link")
+    child = wait_until(lambda: _found(browser, "#children a.thread-link"), timeout=WAIT_S,
+                       message="the child's link on the parent's page")[0]
+    child_id = child.get_attribute("data-thread")
+    assert child_id and child_id != parent
+    _click(lambda: browser.find_element(By.CSS_SELECTOR, "#children a.thread-link"), "the child's link")
+    wait_until(lambda: browser.find_element(By.ID, "thread-title").text == child_id, timeout=WAIT_S,
+               message="the child's page")
+    wait_until(lambda: CHILD_ANSWER in _timeline(browser), timeout=WAIT_S, message="the child's answer")
+    # The child inherits its parent's history up to the spawn: its own timeline starts after it.
+    assert f'"parent":"{parent}"' in _timeline(browser)
+    wait_until(lambda: _found(browser, f'#thread-summary a[data-thread="{parent}"]'), timeout=WAIT_S,
+               message="the link back to the parent")
