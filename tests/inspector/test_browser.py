@@ -219,5 +219,6 @@ def test_a_thread_s_children_are_links_to_their_own_timelines(ui: Inspected, bro
     wait_until(lambda: CHILD_ANSWER in _timeline(browser), timeout=WAIT_S, message="the child's answer")
     # The child inherits its parent's history up to the spawn: its own timeline starts after it.
     assert f'"parent":"{parent}"' in _timeline(browser)
+    assert browser.find_element(By.ID, "missing").text.endswith(f"were inherited from the parent {parent}")
     wait_until(lambda: _found(browser, f'#thread-summary a[data-thread="{parent}"]'), timeout=WAIT_S,
                message="the link back to the parent")

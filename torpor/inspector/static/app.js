@@ -157,6 +157,16 @@ async function travel(partition, offset) {
   $("past-box").scrollIntoView();
 }
 
+// A child's history starts with what it inherited from its parent at the spawn, which
+// its own events never narrate: say so, rather than that retention removed it.
+function inherited(snap) {
+  const created = snap.events.find((e) => e.kind === "thread_created");
+  let parent = null;
+  try { parent = created && created.data ? JSON.parse(created.data).parent : null; } catch (e) { parent = null; }
+  const first = snap.entries.length ? snap.entries[0].seq : 0;
+  return parent && first > 0 ? "entries before #" + first + " were inherited from the parent " + parent : null;
+}
+
 function openThread(id) {
   closeThread();
   view.id = id;
@@ -172,7 +182,7 @@ function openThread(id) {
     const snap = JSON.parse(e.data);
     $("timeline").replaceChildren();
     $("receipts").tBodies[0].replaceChildren();
-    $("missing").textContent = snap.missing || "";
+    $("missing").textContent = inherited(snap) || snap.missing || "";
     snap.events.forEach(addEvent);
     $("partial").textContent = snap.partial;
   });
