@@ -42,7 +42,8 @@ class CounterRig:
     partitions: int
 
     def command(self, *, until_idle: bool, instance: str = "i0", commit_every: int = 1000,
-                max_batch: int = 500, fetch_bytes: int | None = None) -> list[str]:
+                max_batch: int = 500, fetch_bytes: int | None = None,
+                transaction_timeout: float | None = None, txn_timeout_ms: int | None = None) -> list[str]:
         args = [sys.executable, "-m", "tests.streams.counter_task", "--bootstrap", self.bootstrap,
                 "--inputs", self.inputs, "--changelog", self.changelog, "--out", self.out,
                 "--parked", self.parked, "--group", self.group, "--instance", instance,
@@ -50,10 +51,14 @@ class CounterRig:
                 "--max-batch", str(max_batch)]
         if fetch_bytes is not None:
             args += ["--fetch-bytes", str(fetch_bytes)]
+        if transaction_timeout is not None:
+            args += ["--transaction-timeout", str(transaction_timeout)]
+        if txn_timeout_ms is not None:
+            args += ["--txn-timeout-ms", str(txn_timeout_ms)]
         return [*args, "--until-idle"] if until_idle else args
 
     def start(self, *, until_idle: bool = False, env: Mapping[str, str] | None = None,
-              log_name: str = "counter", **options: int | str) -> subprocess.Popen[bytes]:
+              log_name: str = "counter", **options: int | float | str) -> subprocess.Popen[bytes]:
         log = open(self.store.parent / f"{log_name}-{uuid.uuid4().hex[:6]}.log", "wb")  # noqa: SIM115
         process = subprocess.Popen(
             self.command(until_idle=until_idle, **options),  # type: ignore[arg-type]

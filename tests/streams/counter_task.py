@@ -160,9 +160,19 @@ def main(argv: Sequence[str]) -> int:
     # Small fetches interleave the partitions in the consumer's queue (a big fetch brings
     # one partition's whole backlog first), so every partition makes progress early.
     parser.add_argument("--fetch-bytes", type=int, default=None)
+    # The loop's budget for one transaction call (a commit that times out is resumed after it).
+    parser.add_argument("--transaction-timeout", type=float, default=None)
+    # The broker-side transaction.timeout.ms: a test that stalls the broker keeps it well
+    # above the stall, so the broker does not abort the transaction being resumed.
+    parser.add_argument("--txn-timeout-ms", type=int, default=None)
     args = parser.parse_args(argv)
     configure("info")
-    overrides = () if args.fetch_bytes is None else (("max.partition.fetch.bytes", str(args.fetch_bytes)),)
+    overrides: tuple[tuple[str, str], ...] = ()
+    if args.fetch_bytes is not None:
+        overrides += (("max.partition.fetch.bytes", str(args.fetch_bytes)),)
+    if args.txn_timeout_ms is not None:
+        overrides += (("transaction.timeout.ms", str(args.txn_timeout_ms)),)
+    timing = {} if args.transaction_timeout is None else {"transaction_timeout": args.transaction_timeout}
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=args.bootstrap, librdkafka_overrides=overrides))
     root = Path(args.store)
     consumer = make_consumer(settings, args.group, instance_id=args.instance)
@@ -171,7 +181,8 @@ def main(argv: Sequence[str]) -> int:
     loop = CheckpointLoop(
         consumer, producer, restore_consumer,
         lambda partition: CounterTask(root, partition, args.out, args.parked),
-        LoopSettings(args.inputs, args.changelog, commit_every=args.commit_every, max_batch=args.max_batch),
+        LoopSettings(args.inputs, args.changelog, commit_every=args.commit_every, max_batch=args.max_batch,
+                     **timing),
     )
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))

@@ -18,11 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from tests.conftest import TopicFactory
+from tests.faults.own_broker import OwnBroker
 from tests.streams.counter_rig import CounterRig, assert_counts_are_gapless, assert_exactly_once
 from tests.waiting import wait_until
-from torpor.streams.loop import WatchdogExpiredError, _watched
+from torpor.streams.txncalls import WatchdogExpiredError
+from torpor.streams.txncalls import watched as _watched
 
 
 @pytest.fixture
@@ -209,3 +213,59 @@ def test_a_lone_input_is_committed_at_once_not_at_the_commit_interval(rig: Count
     assert not runner.is_alive()
     assert loop.commits >= 2
     assert_exactly_once(rig, first + more)
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBroker]:
+    """A broker of this module's own: the test below freezes it (never the shared one)."""
+    broker = OwnBroker.start(tmp_path_factory.mktemp("own-broker"))
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def own_rig(own_broker: OwnBroker, tmp_path: Path) -> Iterator[CounterRig]:
+    prefix = f"stall-{uuid.uuid4().hex[:8]}"
+    partitions = 3
+    admin = AdminClient({"bootstrap.servers": own_broker.bootstrap})
+    names = {name: f"{prefix}.{name}" for name in ("inputs", "changelog", "out", "parked")}
+    futures = admin.create_topics([
+        NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact"} if name == "changelog" else {})
+        for name, topic in names.items()
+    ])
+    for future in futures.values():
+        future.result(60)
+    (tmp_path / "stores").mkdir()
+    rig = CounterRig(bootstrap=own_broker.bootstrap, inputs=names["inputs"], changelog=names["changelog"],
+                     out=names["out"], parked=names["parked"], group=f"counter-{prefix}",
+                     store=tmp_path / "stores", partitions=partitions)
+    yield rig
+    rig.kill_all()
+
+
+@pytest.mark.kafka
+def test_a_commit_that_times_out_is_resumed_not_aborted(own_broker: OwnBroker, own_rig: CounterRig) -> None:
+    # librdkafka: a commit_transaction that timed out must be called again; an abort then
+    # fails with _CONFLICT (the old loop aborted and spun on that until it exited 2).
+    inputs = own_rig.produce_inputs(300)
+    process = own_rig.start(until_idle=True, env={"TORPOR_FAULT": "before_commit:1:stop"}, log_name="stall",
+                            transaction_timeout=2.0, txn_timeout_ms=300_000)
+    log_path = own_rig.store.parent
+
+    def log() -> str:
+        return "\n".join(p.read_text(errors="replace") for p in log_path.glob("stall-*.log"))
+
+    wait_until(lambda: "fault: SIGSTOP at before_commit" in log(), 120,
+               "the loop stops itself before a commit")
+    own_broker.pause()  # the broker stalls: the commit the loop is about to make times out
+    try:
+        process.send_signal(signal.SIGCONT)
+        wait_until(lambda: "commit_transaction failed, calling it again" in log(), 120,
+                   "the timed-out commit is retried")
+    finally:
+        own_broker.resume()
+    assert process.wait(timeout=180) == 0, log()[-4000:]
+    text = log()
+    assert "commit_transaction succeeded after" in text, text[-4000:]
+    assert "aborting checkpoint" not in text and "_CONFLICT" not in text, text[-4000:]
+    assert_exactly_once(own_rig, inputs)

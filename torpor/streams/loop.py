@@ -24,11 +24,18 @@ one method each, numbered here and in the bodies:
             in one batch, with the changelog offset and the input offset it reaches.
             RocksDB may lag the transaction (restore catches it up), never lead it.
 
-Failures, by what the loop does (classes from `torpor.schemas.errors`):
+Failures, by what the loop does (classes from `torpor.schemas.errors`; the rules are
+librdkafka's, applied by `txncalls.remedy`):
 
-- `RetriableError`: retry the same call while its `Deadline` allows.
-- `CheckpointAbortedError` (or retries exhausted): `abort_transaction`, drop every
-  overlay of the checkpoint, seek each partition back to its committed offset.
+- a retriable error of a transaction call: call the SAME function again, after a backoff,
+  while its budget lasts: `send_offsets_to_transaction` within the checkpoint's deadline,
+  then the checkpoint is aborted; `commit_transaction` and `abort_transaction` within
+  `resume_budget`, since a timed-out commit or abort keeps running in librdkafka and
+  nothing but the same call may follow it (an abort then fails with `_CONFLICT`); past
+  the budget they raise `RetriesExhaustedError` (fatal).
+- `CheckpointAbortedError` (the error requires an abort, a record was not delivered):
+  `abort_transaction`, drop every overlay of the checkpoint, seek each partition back
+  to its committed offset.
 - anything else, notably `FencedError`: raised out of `run`; the caller exits non-zero.
   A failure after the commit (while applying to the store) is fatal too: the store is
   merely behind, and the restart restores it from the changelog.
@@ -49,7 +56,6 @@ anything is folded (`restore.py`); on revoke the open checkpoint is committed wi
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,20 +91,15 @@ from torpor.streams.restore import (
     restore_partitions,
 )
 from torpor.streams.task import InputRecord, OutputRecord, PartitionTask, StoredOffsets, TaskFactory
+from torpor.streams.txncalls import TxnCall, WatchdogExpiredError, backoff, run_call
 
-log: Final = logging.getLogger(__name__)
+__all__ = ["CheckpointLoop", "LoopSettings", "WatchdogExpiredError"]
 
 T = TypeVar("T")
 
+log: Final = logging.getLogger(__name__)
+
 _ANY_PARTITION: Final = -1
-
-
-class WatchdogExpiredError(FencedError):
-    """A transaction call ran past its deadline and its grace: the producer state is unknown.
-
-    The remedy is that of fencing: exit. The restarted instance's `init_transactions`
-    (same `transactional.id`) fences this producer and aborts its open transaction.
-    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,11 @@ class LoopSettings:
     transaction_timeout: float = 10.0
     # How far past its deadline a call may run before the watchdog declares it hung.
     watchdog_grace: float = 5.0
+    # How long a commit or abort that keeps failing retriably (the broker away, its
+    # coordinator moving) is resumed before the process gives up and exits. Long enough
+    # for a broker restart or a leader election; the transaction itself times out on the
+    # broker after transaction.timeout.ms, and the resumed call then reports that.
+    resume_budget: float = 300.0
     # Revoke: commit or abort the open checkpoint within this budget, then close.
     revoke_budget: float = 10.0
     # Restore of one partition on assignment; a dead owner's open transaction can hold
@@ -135,7 +141,7 @@ class LoopSettings:
 
     def __post_init__(self) -> None:
         for name in ("commit_interval", "poll_timeout", "transaction_timeout", "watchdog_grace",
-                     "revoke_budget", "restore_timeout"):
+                     "resume_budget", "revoke_budget", "restore_timeout"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"LoopSettings.{name} must be positive, got {value!r}")
@@ -213,8 +219,8 @@ class CheckpointLoop:
         is committed and the stores are closed.
         """
         settings = self._settings
-        self._bounded("init_transactions", self._producer.init_transactions,
-                      Deadline.after(settings.transaction_timeout))
+        self._call(TxnCall.INIT, self._producer.init_transactions,
+                   Deadline.after(settings.transaction_timeout))
         self._consumer.subscribe(
             [settings.inputs_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -374,11 +380,12 @@ class CheckpointLoop:
         inputs = self._settings.inputs_topic
         offsets = [TopicPartition(inputs, p, o) for p, o in checkpoint.next_offsets.items()]
         metadata = self._consumer.consumer_group_metadata()
-        self._bounded("send_offsets_to_transaction",
-                      lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
-                      deadline)
+        self._call(TxnCall.SEND_OFFSETS,
+                   lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
+                   deadline)
         faults.point("before_commit")
-        self._bounded("commit_transaction", self._producer.commit_transaction, deadline)
+        # Not the checkpoint's deadline: a commit that timed out can only be resumed.
+        self._call(TxnCall.COMMIT, self._producer.commit_transaction, self._resume_deadline(deadline))
 
     def _flush(self, deadline: Deadline) -> None:
         while True:
@@ -405,8 +412,8 @@ class CheckpointLoop:
         log.warning("aborting checkpoint: %s", error, extra={"partition": sorted(checkpoint.next_offsets)})
         self._checkpoint = None
         self.aborts += 1
-        self._bounded("abort_transaction", self._producer.abort_transaction,
-                      Deadline.after(self._settings.transaction_timeout))
+        self._call(TxnCall.ABORT, self._producer.abort_transaction,
+                   Deadline.after(self._settings.resume_budget))
         for partition in checkpoint.next_offsets:
             owned = self._owned.get(partition)
             if owned is None:
@@ -419,22 +426,19 @@ class CheckpointLoop:
 
     # --- the watchdog ---------------------------------------------------------------
 
-    def _bounded(self, operation: str, call: Callable[[float], T], deadline: Deadline) -> T:
-        """Run a transaction call with retries while `deadline` allows, under a watchdog.
+    def _call(self, call: TxnCall, fn: Callable[[float], T], budget: Deadline) -> T:
+        """Run a transaction call by librdkafka's rules (`txncalls.run_call`) under the watchdog.
 
-        Raises the translated error when it is not retriable or the deadline has passed,
-        and WatchdogExpiredError when the call itself does not return in time.
+        Raises CheckpointAbortedError (abort the checkpoint) or a fatal error (exit).
         """
-        while True:
-            timeout = deadline.timeout_for_call(self._settings.transaction_timeout)
-            try:
-                return _watched(operation, call, timeout, self._settings.watchdog_grace)
-            except KafkaException as exc:
-                error = translate(exc, operation=operation)
-                if isinstance(error, RetriableError) and not deadline.expired():
-                    log.info("retrying %s: %s", operation, error)
-                    continue
-                raise error from exc
+        settings = self._settings
+        return run_call(call, fn, per_call=settings.transaction_timeout, budget=budget,
+                        grace=settings.watchdog_grace)
+
+    def _resume_deadline(self, deadline: Deadline) -> Deadline:
+        """The later of `deadline` and `resume_budget` from now."""
+        resume = Deadline.after(self._settings.resume_budget)
+        return resume if resume.expires_at > deadline.expires_at else deadline
 
     # --- rebalancing ------------------------------------------------------------------
 
@@ -474,12 +478,15 @@ class CheckpointLoop:
 
     def _committed_offset(self, partition: int, deadline: Deadline) -> int | None:
         tp = TopicPartition(self._settings.inputs_topic, partition)
+        attempt = 0
         while True:
             try:
                 (found,) = self._consumer.committed([tp], timeout=deadline.timeout_for_call(10.0))
             except KafkaException as exc:
                 error = translate(exc, operation=f"committed({tp.topic}[{partition}])")
                 if isinstance(error, RetriableError) and not deadline.expired():
+                    attempt += 1
+                    time.sleep(min(backoff(attempt), deadline.remaining()))
                     continue
                 raise error from exc
             offset: int = found.offset
@@ -556,30 +563,3 @@ def _record_of(message: Message) -> InputRecord:
         timestamp=max(int(timestamp), 0),
         append_time=kind == TIMESTAMP_LOG_APPEND_TIME,
     )
-
-
-def _watched(operation: str, call: Callable[[float], T], timeout: float, grace: float) -> T:
-    """Run `call(timeout)` on a daemon thread; raise WatchdogExpiredError if it outlives timeout + grace."""
-    limit = timeout + grace
-    outcome: list[T] = []
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            outcome.append(call(timeout))
-        except BaseException as exc:  # handed to the caller's thread below
-            failure.append(exc)
-
-    # A daemon thread: if librdkafka never returns, the process can still exit.
-    worker = threading.Thread(target=target, name=f"torpor-{operation}", daemon=True)
-    worker.start()
-    worker.join(limit)
-    if worker.is_alive():
-        raise WatchdogExpiredError(
-            f"{operation} did not return within {limit:.1f}s (its timeout plus the watchdog grace); "
-            "the producer's state is unknown. Exiting: a restart fences this producer and aborts "
-            "its open transaction."
-        )
-    if failure:
-        raise failure[0]
-    return outcome[0]
