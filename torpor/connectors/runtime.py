@@ -47,7 +47,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -65,6 +65,8 @@ from torpor.streams.config import Settings
 from torpor.streams.errors import translate
 from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
+from torpor.streams.topicwait import PAUSE_S as TOPIC_PAUSE_S
+from torpor.streams.topicwait import TopicWait
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,8 @@ class ConnectorRuntime:
     def __init__(self, settings: Settings, factory: ConnectorFactory, *, group: str,
                  journal: EffectJournal | None = None, codec: Codec | None = None,
                  signer: Signer | None = None, retention_ms: int = DEFAULT_RETENTION_MS,
-                 max_concurrency: int | None = None, clock: Callable[[], int] = now_ms) -> None:
+                 max_concurrency: int | None = None, clock: Callable[[], int] = now_ms,
+                 wait_for_topics: bool = True) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, not {max_concurrency}")
         self._max_concurrency = max_concurrency
@@ -139,10 +142,13 @@ class ConnectorRuntime:
         self._consumer = make_consumer(settings, group, on_commit=self._on_commit)
         self._offsets = OutboxOffsets(self._consumer, self._topics.outbox)
         self._producer = make_producer(settings)
-        metadata = self._producer.list_topics(self._topics.inputs, timeout=10.0).topics[self._topics.inputs]
-        if metadata.error is not None:
-            raise translate(metadata.error, operation=f"metadata of {self._topics.inputs}")
-        self._partitions = len(metadata.partitions)
+        # The topics it reads and writes; a processor (or `torpor topics create`) makes them.
+        self._topic_wait = TopicWait(
+            self._producer, (self._topics.outbox, self._topics.inputs, self._topics.toolsets),
+            settings.kafka.bootstrap_servers, wait=wait_for_topics)
+        self._partitions = 0  # of `inputs`, known once the topics are found
+        if not wait_for_topics:
+            self._found_topics(self._topic_wait.check())  # MissingTopicsError: one line, exit 1
         self._max_bytes = settings.inputs.max_bytes
         self.connector = factory(self._send, clock)
         self._tools = frozenset(spec.name for spec in self.connector.specs)
@@ -224,11 +230,20 @@ class ConnectorRuntime:
     # --- the loop ----------------------------------------------------------------------
 
     async def run(self, should_stop: Callable[[], bool]) -> None:
-        """Recover, then serve dispatches until `should_stop()`; then stop the tools and commit."""
-        publish_manifest(self._producer, self._topics.toolsets, self.connector.specs, source=self._source)
-        self._recover()
-        self._consumer.subscribe([self._topics.outbox])
+        """Wait for the topics, recover, then serve dispatches until `should_stop()`; then stop
+        the tools and commit."""
         try:
+            while not self._partitions:
+                found = self._topic_wait.check()
+                if found is not None:
+                    self._found_topics(found)
+                elif should_stop():
+                    return
+                else:
+                    await asyncio.sleep(TOPIC_PAUSE_S)
+            publish_manifest(self._producer, self._topics.toolsets, self.connector.specs, source=self._source)
+            self._recover()
+            self._consumer.subscribe([self._topics.outbox])
             while not should_stop():
                 room = self._room()
                 messages = self._consumer.consume(room, timeout=0)
@@ -252,6 +267,10 @@ class ConnectorRuntime:
             self._offsets.commit_now(FLUSH_SECONDS)
             self._consumer.close()
             self.journal.close()
+
+    def _found_topics(self, found: Mapping[str, int] | None) -> None:
+        if found is not None:
+            self._partitions = found[self._topics.inputs]
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         # Bound before `_offsets` exists (the consumer needs its callback first).
