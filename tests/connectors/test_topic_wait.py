@@ -79,3 +79,13 @@ def test_not_asked_to_wait_a_connector_names_the_missing_topics_in_one_line(
     for topic in ("outbox", "inputs", "toolsets"):
         assert f"{prefix}{topic}" in message
     assert kafka_bootstrap in message and "torpor topics create" in message
+
+
+def test_run_echo_with_no_wait_for_topics_exits_1_naming_them(kafka_bootstrap: str, tmp_path: Path) -> None:
+    deployment = Deployment(kafka_bootstrap, tmp_path)
+    done = deployment.run([TORPOR, "connector", "run-echo", "--no-wait-for-topics",
+                           "--journal-dir", str(tmp_path / "journal")], timeout=60)
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and deployment.topic("outbox") in errors[0], done.stderr
+    assert "Traceback" not in done.stderr

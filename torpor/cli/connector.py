@@ -46,6 +46,9 @@ _OPTIONS: Final = (
                       "or TORPOR_SIGNING_KEY."),
     click.option("--concurrency", type=int, default=None,
                  help="Run at most this many calls at once (default: no limit; leave it so for timers)."),
+    click.option("--wait-for-topics/--no-wait-for-topics", default=True, show_default=True,
+                 help="Wait (saying so once) for the outbox, inputs and toolsets topics if they do not "
+                      "exist yet; with --no-wait-for-topics, name the missing ones and exit 1."),
     click.option("--log-level", default="info", show_default=True),
 )
 
@@ -96,8 +99,8 @@ def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
 
 
 def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_key_id: str | None,
-           signing_key: Path | None, concurrency: int | None, log_level: str, config_file: Path | None,
-           bootstrap: str | None) -> None:
+           signing_key: Path | None, concurrency: int | None, wait_for_topics: bool, log_level: str,
+           config_file: Path | None, bootstrap: str | None) -> None:
     configure(log_level)
     settings = read_settings(config_file, bootstrap)
     factory = import_factory(target)
@@ -112,7 +115,7 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
                                    "(is another connector process using it?)") from None
     try:
         runner = ConnectorRuntime(settings, factory, group=group, journal=journal, signer=signer,
-                                  max_concurrency=concurrency)
+                                  max_concurrency=concurrency, wait_for_topics=wait_for_topics)
     except ConfigError as error:
         journal.close()
         raise click.ClickException(str(error)) from None
