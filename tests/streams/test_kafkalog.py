@@ -7,7 +7,7 @@ import logging
 import pytest
 from confluent_kafka import Producer
 
-from torpor.streams.kafkalog import KAFKA_LOG, RepeatFilter
+from torpor.streams.kafkalog import KAFKA_LOG, BrokerWatch, RepeatFilter
 
 
 def _record(text: str) -> logging.LogRecord:
@@ -48,5 +48,78 @@ def test_a_client_with_no_broker_logs_through_python_logging_not_stderr(
                 break
     finally:
         KAFKA_LOG.removeHandler(keep)
-    assert seen and seen[0].levelno == logging.ERROR and "127.0.0.1:1" in seen[0].getMessage()
+    # The refused connection, said once by the broker watch (a child of torpor.kafka).
+    assert seen and seen[0].levelno == logging.WARNING, [r.getMessage() for r in seen]
+    assert "broker at 127.0.0.1:1 unreachable since" in seen[0].getMessage()
     assert "%3|" not in capfd.readouterr().err
+
+
+class Said(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _watch(answers: list[bool]) -> tuple[BrokerWatch, Said]:
+    said = Said()
+    logger = logging.getLogger(f"test.watch.{id(said)}")
+    logger.addHandler(said)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return BrokerWatch(logger, lambda address: answers[0], start_prober=False), said
+
+
+OUTAGE = [
+    "[thrd:127.0.0.1:9092/1]: 127.0.0.1:9092/1: Disconnected: connection closed by peer: receive 0 "
+    "after POLLIN (after 11951ms in state UP)",
+    "[thrd:127.0.0.1:9092/1]: 127.0.0.1:9092/1: Connect to ipv4#127.0.0.1:9092 failed: Connection refused "
+    "(after 0ms in state CONNECT)",
+    "[thrd:GroupCoordinator]: GroupCoordinator: 127.0.0.1:9092: Connect to ipv4#127.0.0.1:9092 failed: "
+    "Connection refused (after 0ms in state CONNECT, 1 identical error(s) suppressed)",
+    "[thrd:TxnCoordinator]: TxnCoordinator: 127.0.0.1:9092: Connection setup timed out in state CONNECT "
+    "(after 30029ms in state CONNECT)",
+    "[thrd:app]: 1/1 brokers are down",
+]
+
+
+def test_a_broker_going_away_is_said_once_and_once_when_it_is_back() -> None:
+    answers = [False]
+    watch, said = _watch(answers)
+    for _ in range(50):  # every client, every connection, every retry
+        for text in OUTAGE:
+            assert not watch.filter(_record(text))
+    assert len(said.lines) == 1, said.lines
+    assert said.lines[0].startswith("broker at 127.0.0.1:9092 unreachable since ")
+    assert said.lines[0].endswith("(Connection refused); retrying")
+    watch.probe_once()
+    assert len(said.lines) == 1 and watch.down == ("127.0.0.1:9092",)
+    answers[0] = True
+    watch.probe_once()
+    assert said.lines[1].startswith("broker at 127.0.0.1:9092 reachable again after ")
+    assert watch.down == ()
+    # librdkafka delivers a client's log when it is next polled: the outage's failures can
+    # come after the broker is back. It answers: they are dropped, nothing more is said.
+    assert not watch.filter(_record(OUTAGE[2]))
+    assert len(said.lines) == 2
+    answers[0] = False
+    assert not watch.filter(_record(OUTAGE[1]))  # away again: a new outage, said again
+    assert len(said.lines) == 3 and "unreachable" in said.lines[2]
+
+
+def test_a_failure_from_a_broker_that_answers_and_had_no_outage_is_logged_as_librdkafka_said() -> None:
+    watch, said = _watch([True])
+    assert watch.filter(_record(OUTAGE[1]))  # a listener that accepts and then fails: not an outage
+    assert said.lines == [] and watch.down == ()
+
+
+def test_a_lone_disconnect_says_nothing_and_other_lines_pass() -> None:
+    watch, said = _watch([True])
+    assert not watch.filter(_record(OUTAGE[0]))
+    hint = ("[thrd:x]: 127.0.0.1:9092/bootstrap: Disconnected while requesting ApiVersion: might be "
+            "caused by incorrect security.protocol configuration (connecting to a SSL listener?)")
+    assert watch.filter(_record(hint))
+    assert watch.filter(_record("Consumer group session timed out (in join-state steady)"))
+    assert said.lines == [] and watch.down == ()
