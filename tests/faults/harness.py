@@ -20,7 +20,12 @@ Contract of `run_soak(SoakConfig) -> SoakReport`:
    fenced: either exit 2 with a `fatal:` line, or have its transaction refused by the
    broker (it aborts and rejoins as a new member; librdkafka and Kafka 4 recover a
    timed-out transactional producer by bumping its epoch, so this is what happens).
-5. After the run, read_committed: every input record has exactly one receipt and each
+5. Like a supervisor (systemd, Kubernetes), it restarts a service that exits when it
+   should be running: the echo connector throughout, the processors during the broker
+   restart and the final wait (not during the kills and the zombie, whose exits are the
+   point). Each restart is reported (`SoakReport.restarts`), not counted as a failure:
+   exiting is what a fenced or hung processor must do; the audit judges the outcome.
+6. After the run, read_committed: every input record has exactly one receipt and each
    message id exactly one decisive (not duplicate/stale) one; no outbox request id twice;
    each thread's hash head (from the changelog, and from its last receipt) equals a fresh
    re-fold of `inputs` with `step` into a `MemoryStore`; every conversation ended.
@@ -50,7 +55,7 @@ from typing import Final
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.faults.diagnosis import describe
+from tests.faults.diagnosis import describe, fate
 from tests.waiting import wait_until
 from torpor.connectors.echo import ECHO_SPEC
 from torpor.processors.fold.state import Status
@@ -159,6 +164,8 @@ class SoakReport:
     seconds: float = 0.0
     zombie: str = "not run"
     broker_restart: str = "not run"
+    # Services that exited while they should have run, and were restarted (supervisor).
+    restarts: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -170,6 +177,7 @@ class SoakReport:
             f"dispatches {self.dispatches}",
             f"zombie: {self.zombie}",
             f"broker restart: {self.broker_restart}",
+            "restarted by the supervisor: " + ("; ".join(self.restarts) or "none"),
             "result: " + ("PASS" if not self.problems else "FAIL\n  " + "\n  ".join(self.problems)),
         ]
         return "\n".join(lines)
@@ -275,6 +283,12 @@ class Soak:
         self._producer: Producer | None = None
         self._logs = 0
         self._restarted: subprocess.Popen[bytes] | None = None
+        # name: (process, its log, how to start it again); supervised while `supervising`
+        # (processors) or always (the connector).
+        self.services: dict[str, tuple[subprocess.Popen[bytes], Path, Callable[[], tuple[
+            subprocess.Popen[bytes], Path]]]] = {}
+        self.supervising = False
+        self.began = time.monotonic()
 
     # --- processes ------------------------------------------------------------------
 
@@ -312,9 +326,32 @@ class Soak:
                           f"processor-{instance}", fault)
 
     def echo(self) -> tuple[subprocess.Popen[bytes], Path]:
-        return self.start([TORPOR, "connector", "run-echo", "--group", f"echo-{self.prefix}",
-                           "--journal-dir", str(self.root / "echo-journal"),
-                           "--config", str(self.root / "connector.toml")], "echo")
+        started = self.start([TORPOR, "connector", "run-echo", "--group", f"echo-{self.prefix}",
+                              "--journal-dir", str(self.root / "echo-journal"),
+                              "--config", str(self.root / "connector.toml")], "echo")
+        self.services["echo"] = (*started, self.echo)
+        return started
+
+    def supervised(self, instance: str) -> tuple[subprocess.Popen[bytes], Path]:
+        """Processor `instance`, restarted by `supervise` if it exits while supervising."""
+        started = self.processor(instance)
+        self.services[instance] = (*started, lambda: self.supervised(instance))
+        return started
+
+    def unsupervise(self, name: str) -> None:
+        """The harness stops or kills `name` on purpose from here on."""
+        self.services.pop(name, None)
+
+    def supervise(self) -> None:
+        """Restart what exited while it should run, as a supervisor would, and report it."""
+        for name, (process, log, start) in list(self.services.items()):
+            if process.poll() is None or (name != "echo" and not self.supervising):
+                continue
+            last = [line for line in _text(log).splitlines() if line.strip()][-1:] or ["(no output)"]
+            self.report.restarts.append(f"{name} {fate(process)} at {time.monotonic() - self.began:.0f}s "
+                                        f"({last[0][:200]}); restarted")
+            self.say(f"  supervisor: {self.report.restarts[-1]}")
+            start()
 
     # --- conversations ---------------------------------------------------------------
 
@@ -365,6 +402,7 @@ class Soak:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.drive()
+            self.supervise()
             if condition():
                 return True
         return False
@@ -443,7 +481,9 @@ class Soak:
             self.broker("stop")
 
     def zombie(self) -> None:
-        _, log1 = self.processor("p1")
+        p1, log1 = self.processor("p1")
+        # p1 serves on after this phase: supervised from then on, like any processor.
+        self.services["p1"] = (p1, log1, lambda: self.supervised("p1"))
         self.wait(lambda: "partition restored" in _text(log1), 60)
         zombie, log0 = self.processor("p0", "mid_transaction:1:stop")
         self.wait(lambda: "partition restored" in _text(log0) or zombie.poll() is not None, 60)
@@ -584,33 +624,44 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
                             topics=TopicSettings(prefix=soak.prefix, partitions=PARTITIONS))
         admin = AdminClient({"bootstrap.servers": soak.bootstrap, "log_level": 2})
         ensure_topics(admin, settings, Deadline.after(60))
-        echo, _ = soak.echo()
+        soak.echo()
         waves = max(1, len(soak.threads) // (config.kills + 2))
         for index, point in enumerate(soak.schedule()):
             # Once the planned threads are all started, each kill still gets a fresh one.
             wave = waves if len(soak.started) < len(soak.threads) else 1
             say(f"kill {index + 1}/{config.kills}: {point}")
             soak.kill_at(point, wave)
-        processor, _ = soak.processor("p0")
+        soak.supervised("p0")
         if config.broker_restart:
+            soak.supervising = True
             soak.start_wave(waves)
             soak.wait(lambda: False, 3.0)  # let it fold a little before the broker goes away
             say("broker restart")
-            soak.restart_broker(processor)
-            if processor.poll() is not None:
-                processor, _ = soak.processor("p0")
+            soak.restart_broker(soak.services["p0"][0])
+            soak.supervise()
+            # Some work after the restart, and the time for a processor that exits on it to
+            # be seen and restarted, before the zombie phase takes the processors over.
+            soak.start_wave(1)
+            soak.wait(lambda: False, 15.0)
+            soak.supervising = False
         if config.zombie:
             say("zombie")
+            processor = soak.services["p0"][0]
+            soak.unsupervise("p0")
             processor.send_signal(signal.SIGTERM)
             processor.wait(60)
             soak.zombie()
         soak.start_wave(len(soak.threads) - len(soak.started))
-        if not any(p.poll() is None for p in soak.processes if p is not echo):
-            soak.processor("p0")
+        running = [p for p in soak.processes if p.poll() is None and p is not soak.services["echo"][0]]
+        if not running:
+            soak.supervised("p0")
+        soak.supervising = True
         if not soak.wait(soak.finished, config.finish_timeout):
             ended = soak.drive()
             soak.report.problems.append(f"only {ended} of {len(soak.threads)} conversations ended "
                                         f"within {config.finish_timeout:.0f}s; {soak.diagnosis()}")
+        soak.supervising = False
+        soak.services.clear()  # stopping on purpose from here
         for process in soak.processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
