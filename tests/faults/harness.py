@@ -283,6 +283,7 @@ class Soak:
         self._producer: Producer | None = None
         self._logs = 0
         self._restarted: subprocess.Popen[bytes] | None = None
+        self._restart_logs: tuple[Path, ...] = ()
         # name: (process, its log, how to start it again); supervised while `supervising`
         # (processors) or always (the connector).
         self.services: dict[str, tuple[subprocess.Popen[bytes], Path, Callable[[], tuple[
@@ -445,7 +446,7 @@ class Soak:
         self.report.problems.append(f"p0 with fault {point}:{nth} exited {process.returncode} "
                                     f"without the fault; log {log}: {text[-1500:]}")
 
-    def restart_broker(self, processor: subprocess.Popen[bytes]) -> None:
+    def restart_broker(self, processor: subprocess.Popen[bytes], processor_log: Path) -> None:
         """Stop the broker and start it again on the same data dir and port, its data kept.
 
         `torpor broker start` formats a fresh log at every start (streams/broker.py), which
@@ -469,6 +470,16 @@ class Soak:
         self.report.broker_restart = (f"stopped (SIGTERM) and restarted on port {self.port}, data kept; "
                                       f"the processor {fate}"
                                       f"; {before} threads had ended before it")
+        self._restart_logs = (processor_log, self.services["echo"][1])
+
+    def broker_watch_lines(self) -> str:
+        """What the processor and the connector said about the broker restart (streams.kafkalog)."""
+        said = []
+        for path in self._restart_logs:
+            lines = [line.split(": ", 1)[-1] for line in _text(path).splitlines()
+                     if "torpor.kafka.broker" in line]
+            said.append(f"{path.name}: {' / '.join(lines) or 'nothing'}")
+        return "; ".join(said)
 
     def stop_broker(self) -> None:
         if self._restarted is not None:
@@ -635,15 +646,22 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
         if config.broker_restart:
             soak.supervising = True
             soak.start_wave(waves)
-            soak.wait(lambda: False, 3.0)  # let it fold a little before the broker goes away
+            # Under a processor that folds, not one still starting (its imports take
+            # seconds on a loaded machine): restored, and a few seconds of work.
+            log = soak.services["p0"][1]
+            if not soak.wait(lambda: "partition restored" in _text(log), config.kill_timeout):
+                soak.report.problems.append(f"p0 did not restore its partitions before the broker restart; "
+                                            f"log {log}")
+            soak.wait(lambda: False, 3.0)
             say("broker restart")
-            soak.restart_broker(soak.services["p0"][0])
+            soak.restart_broker(soak.services["p0"][0], soak.services["p0"][1])
             soak.supervise()
             # Some work after the restart, and the time for a processor that exits on it to
             # be seen and restarted, before the zombie phase takes the processors over.
             soak.start_wave(1)
             soak.wait(lambda: False, 15.0)
             soak.supervising = False
+            soak.report.broker_restart += f"; said: {soak.broker_watch_lines()}"
         if config.zombie:
             say("zombie")
             processor = soak.services["p0"][0]
