@@ -52,7 +52,8 @@ def test_no_file_and_no_variables_gives_the_documented_defaults() -> None:
 
     assert settings == Settings()
     assert settings.kafka.bootstrap_servers == "localhost:9092"
-    assert settings.topics == TopicSettings(prefix="torpor.", partitions=6, replication_factor=1)
+    # No replication factor: new topics follow the cluster's size (topics.replication_for).
+    assert settings.topics == TopicSettings(prefix="torpor.", partitions=6, replication_factor=None)
     assert settings.schema_registry.url is None
 
 
@@ -84,7 +85,7 @@ def test_the_file_overrides_defaults_and_variables_override_the_file(tmp_path: P
     # What the environment does not set still comes from the file, then the defaults.
     assert both.kafka.client_id_prefix == "from-file"
     assert both.topics.prefix == "file."
-    assert both.topics.replication_factor == 1
+    assert both.topics.replication_factor is None
     assert both.schema_registry.url == "http://file-registry:8081"
 
 

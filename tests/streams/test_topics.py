@@ -16,7 +16,7 @@ from torpor.streams.admin import ensure_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import TopicLayoutError
-from torpor.streams.topics import LAYOUTS, Topic, TopicNames, topic_specs
+from torpor.streams.topics import LAYOUTS, Topic, TopicNames, replication_for, topic_specs
 
 FOREVER = "-1"
 
@@ -51,18 +51,19 @@ def test_the_table_covers_every_topic_and_sets_every_retention_explicitly() -> N
 
 
 def test_the_specs_follow_the_design() -> None:
-    specs = {spec.topic: spec for spec in topic_specs(TopicSettings(partitions=4, replication_factor=1))}
+    specs = {spec.topic: spec for spec in topic_specs(TopicSettings(partitions=4), brokers=1)}
 
     assert dict(specs[Topic.INPUTS].config) == {
         "cleanup.policy": "delete",
         "retention.ms": FOREVER,
         "retention.bytes": "-1",
         "message.timestamp.type": "LogAppendTime",
+        "min.insync.replicas": "1",
     }
     assert specs[Topic.RECEIPTS].config["retention.ms"] == FOREVER
-    assert specs[Topic.CHANGELOG].config == {"cleanup.policy": "compact"}
+    assert specs[Topic.CHANGELOG].config == {"cleanup.policy": "compact", "min.insync.replicas": "1"}
     assert specs[Topic.CHANGELOG].partitions == specs[Topic.INPUTS].partitions == 4
-    assert specs[Topic.TOOLSETS].config == {"cleanup.policy": "compact"}
+    assert specs[Topic.TOOLSETS].config == {"cleanup.policy": "compact", "min.insync.replicas": "1"}
     assert specs[Topic.TOOLSETS].partitions == 1
     for topic in (Topic.OUTBOX, Topic.EVENTS, Topic.PARKED):
         assert specs[topic].config["cleanup.policy"] == "delete"
@@ -70,11 +71,25 @@ def test_the_specs_follow_the_design() -> None:
 
 
 def test_an_existing_inputs_topic_decides_the_partitions_of_the_topics_that_follow_it() -> None:
-    specs = {spec.topic: spec for spec in topic_specs(TopicSettings(partitions=6), inputs_partitions=12)}
+    specs = {spec.topic: spec for spec in topic_specs(TopicSettings(partitions=6), brokers=1,
+                                                      inputs_partitions=12)}
 
     assert specs[Topic.CHANGELOG].partitions == 12
     assert specs[Topic.OUTBOX].partitions == 12
     assert specs[Topic.TOOLSETS].partitions == 1
+
+
+def test_replication_follows_the_cluster_size_unless_a_factor_is_set() -> None:
+    def replication(brokers: int, factor: int | None = None) -> set[tuple[int, str]]:
+        specs = topic_specs(TopicSettings(replication_factor=factor), brokers=brokers)
+        return {(spec.replication_factor, spec.config["min.insync.replicas"]) for spec in specs}
+
+    assert replication(1) == {(1, "1")}  # a laptop broker: one copy
+    assert replication(2) == {(2, "1")}  # one broker down must not stop the writes
+    assert replication(3) == {(3, "2")}  # what production runs
+    assert replication(6) == {(3, "2")}  # more brokers, still three copies
+    assert replication(6, factor=5) == {(5, "3")}  # an operator's choice wins; a majority in sync
+    assert replication(3, factor=1) == {(1, "1")}
 
 
 # --- ensure_topics against a real broker ------------------------------------------------
@@ -92,7 +107,7 @@ def prefix(admin: AdminClient) -> Iterator[str]:
 
 
 def settings_for(
-    bootstrap: str, prefix: str, *, partitions: int = 3, replication_factor: int = 1
+    bootstrap: str, prefix: str, *, partitions: int = 3, replication_factor: int | None = None
 ) -> Settings:
     return Settings(
         kafka=KafkaSettings(bootstrap_servers=bootstrap),
@@ -133,6 +148,12 @@ def test_ensure_topics_creates_every_topic_with_its_config(
     assert describe(admin, names.receipts)["retention.ms"] == FOREVER
     assert describe(admin, names.changelog)["cleanup.policy"] == "compact"
     assert describe(admin, names.toolsets)["cleanup.policy"] == "compact"
+    # No replication factor set: the broker count decides (one on the test broker).
+    metadata = admin.list_topics(timeout=10)
+    expected = replication_for(len(metadata.brokers))
+    for name in names.all():
+        assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {expected.factor}, name
+        assert describe(admin, name)["min.insync.replicas"] == str(expected.min_insync), name
     assert describe(admin, names.outbox)["retention.ms"] == LAYOUTS[Topic.OUTBOX].config["retention.ms"]
     assert describe(admin, names.events)["retention.ms"] == LAYOUTS[Topic.EVENTS].config["retention.ms"]
     assert describe(admin, names.parked)["retention.ms"] == LAYOUTS[Topic.PARKED].config["retention.ms"]

@@ -90,12 +90,15 @@ def ensure_topics(admin: AdminClient, settings: Settings, deadline: Deadline) ->
     #    ago, decides the partition count of every topic that follows it.
     metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
     created: tuple[str, ...] = ()
+    # Replication follows the brokers the cluster has now (topics.replication_for).
+    brokers = len(metadata.brokers)
     if names.inputs not in metadata.topics:
-        fresh = topic_specs(settings.topics)
+        fresh = topic_specs(settings.topics, brokers=brokers)
         created = _create(admin, [spec for spec in fresh if spec.topic is Topic.INPUTS], deadline, bootstrap)
     metadata = _await_metadata(admin, [names.inputs], deadline, bootstrap)
     # 2. the rest, shaped by the inputs as the broker has them.
-    specs = topic_specs(settings.topics, inputs_partitions=len(metadata.topics[names.inputs].partitions))
+    specs = topic_specs(settings.topics, brokers=brokers,
+                        inputs_partitions=len(metadata.topics[names.inputs].partitions))
     missing = [spec for spec in specs if spec.name not in metadata.topics]
     created += _create(admin, missing, deadline, bootstrap)
     # 3. wait until the metadata shows them all, then check the invariants.
@@ -251,8 +254,8 @@ class TopicState:
 
     `partitions` and `config` are None when the topic does not exist. `problems` must be
     fixed (the processor refuses to start, or would act on a wrong layout); `drift` lists
-    configs that differ from the layout but break no invariant (a retention an operator
-    chose, say).
+    configs (and a replication factor) that differ from the layout but break no invariant
+    (a retention an operator chose, a topic made before the cluster grew).
     """
 
     spec: TopicSpec
@@ -268,7 +271,8 @@ def inspect_topics(admin: AdminClient, settings: Settings, deadline: Deadline) -
     metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
     names = TopicNames.for_prefix(settings.topics.prefix)
     inputs = metadata.topics.get(names.inputs)
-    specs = topic_specs(settings.topics, inputs_partitions=None if inputs is None else len(inputs.partitions))
+    specs = topic_specs(settings.topics, brokers=len(metadata.brokers),
+                        inputs_partitions=None if inputs is None else len(inputs.partitions))
     present = [spec for spec in specs if spec.name in metadata.topics]
     described = {name: {key: str(value) for key, value in config.items()}
                  for name, config in _describe_configs(admin, [spec.name for spec in present], deadline,
@@ -285,6 +289,9 @@ def inspect_topics(admin: AdminClient, settings: Settings, deadline: Deadline) -
         drift: list[str] = []
         if partitions != spec.partitions:
             problems.append(f"{partitions} partitions, the layout needs {spec.partitions}")
+        copies = min(len(p.replicas) for p in metadata.topics[spec.name].partitions.values())
+        if copies != spec.replication_factor:
+            drift.append(f"{copies} replicas (the layout says {spec.replication_factor} on this cluster)")
         for key, wanted in spec.config.items():
             actual = config.get(key)
             if actual == wanted:

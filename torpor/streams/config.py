@@ -201,8 +201,9 @@ class TopicSettings:
     # moves threads to other partitions (and their stores with them); six leaves room to
     # scale out on a laptop broker without that migration.
     partitions: int = 6
-    # One copy works on a single-broker development cluster; production sets 3.
-    replication_factor: int = 1
+    # None: follow the cluster, as many copies as brokers up to three (one on a laptop
+    # broker, three in production); see `topics.replication_for`.
+    replication_factor: int | None = None
 
     def __post_init__(self) -> None:
         longest = len(self.prefix) + _LONGEST_SUFFIX
@@ -213,7 +214,8 @@ class TopicSettings:
                 f"{_where('TORPOR_TOPIC_PREFIX', 'topics', 'prefix')}"
             )
         _check_count(self.partitions, "partitions", "TORPOR_PARTITIONS")
-        _check_count(self.replication_factor, "replication_factor", "TORPOR_REPLICATION_FACTOR")
+        if self.replication_factor is not None:
+            _check_count(self.replication_factor, "replication_factor", "TORPOR_REPLICATION_FACTOR")
 
 
 def _check_count(value: int, key: str, env: str) -> None:
@@ -380,7 +382,8 @@ def load_settings(env: Mapping[str, str], file: Path | None) -> Settings:
     - `TORPOR_SASL_USERNAME`, `TORPOR_SASL_PASSWORD`: SASL credentials (empty clears them).
     - `TORPOR_TOPIC_PREFIX`: prefix of every topic name (`[topics] prefix`, default `torpor.`).
     - `TORPOR_PARTITIONS`: partitions of new topics (`[topics] partitions`, default 6).
-    - `TORPOR_REPLICATION_FACTOR`: replicas of new topics (`[topics] replication_factor`).
+    - `TORPOR_REPLICATION_FACTOR`: replicas of new topics (`[topics] replication_factor`; default:
+      as many as brokers, up to three).
     - `TORPOR_SCHEMA_REGISTRY_URL`: Schema Registry URL (`[schema_registry] url`; empty clears it).
     - `TORPOR_KEYRING`: the key ring file signed inputs are verified against (`[inputs] keyring`;
       unset: development mode, nothing verified).
@@ -490,7 +493,7 @@ def _build(values: _Values, overrides: Mapping[str, str]) -> Settings:
     topics = TopicSettings(
         prefix=_required(values, "topics", "prefix", topic_defaults.prefix),
         partitions=_count(values, "partitions", topic_defaults.partitions),
-        replication_factor=_count(values, "replication_factor", topic_defaults.replication_factor),
+        replication_factor=_optional_count(values, "replication_factor", topic_defaults.replication_factor),
     )
     registry = SchemaRegistrySettings(url=_text(values, "schema_registry", "url", None))
     keyring = _text(values, "inputs", "keyring", None)
@@ -518,6 +521,11 @@ def _required(values: _Values, section: str, key: str, default: str) -> str:
 
 
 def _count(values: _Values, key: str, default: int) -> int:
+    value = values.get(("topics", key), default)
+    return value if isinstance(value, int) else default
+
+
+def _optional_count(values: _Values, key: str, default: int | None) -> int | None:
     value = values.get(("topics", key), default)
     return value if isinstance(value, int) else default
 

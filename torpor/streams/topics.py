@@ -1,9 +1,15 @@
 """The Torpor topics: their names and the layout each must have (DESIGN.md, section 3).
 
-Contract: `TopicNames.for_prefix(prefix)` names the seven topics, and `topic_specs(settings)`
-returns one `TopicSpec` per topic from the `LAYOUTS` table: partition count, replication
-factor and the topic configs that `admin.ensure_topics` creates them with. Every retention
-is set explicitly, so the behaviour never depends on the broker's defaults.
+Contract: `TopicNames.for_prefix(prefix)` names the seven topics, and `topic_specs(settings,
+brokers=...)` returns one `TopicSpec` per topic from the `LAYOUTS` table: partition count,
+replication factor and the topic configs that `admin.ensure_topics` creates them with. Every
+retention is set explicitly, so the behaviour never depends on the broker's defaults.
+
+Replication follows the cluster (`replication_for`): unless `TORPOR_REPLICATION_FACTOR`
+sets it, a topic gets as many copies as there are brokers, up to three (one on a laptop
+broker, three on a production cluster), and `min.insync.replicas` one fewer than that,
+so a write acknowledged by acks=all survives the loss of any one broker and writes go on
+while one is down.
 
 Two invariants the processor relies on, checked again on existing topics by
 `admin.ensure_topics`: the changelog has exactly as many partitions as `inputs` (store
@@ -114,6 +120,32 @@ REQUIRED: Final[tuple[Required, ...]] = (
 )
 
 
+# Three copies is what production runs: one broker may be lost, a second may be down for
+# maintenance meanwhile. More copies cost disk and produce latency for little gain.
+MAX_DEFAULT_REPLICAS: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How many copies a topic keeps, and how many must hold a record before acks=all answers."""
+
+    factor: int
+    min_insync: int
+
+
+def replication_for(brokers: int, factor: int | None = None) -> Replication:
+    """The replication of new topics on a cluster of `brokers`; `factor` overrides the count.
+
+    Without `factor`: `min(brokers, 3)` copies. `min_insync` is a majority of the copies
+    but never all of them (one broker down must not stop the writes), and at least one:
+    1 copy -> 1, 2 -> 1, 3 -> 2, 4 -> 3, 5 -> 3.
+    """
+    if brokers < 1:
+        raise ValueError(f"a cluster has at least one broker, got {brokers}")
+    copies = min(brokers, MAX_DEFAULT_REPLICAS) if factor is None else factor
+    return Replication(factor=copies, min_insync=max(1, min(copies - 1, copies // 2 + 1)))
+
+
 @dataclass(frozen=True, slots=True)
 class TopicNames:
     """The full name of each Torpor topic under one prefix."""
@@ -150,8 +182,9 @@ class TopicSpec:
     config: Mapping[str, str]
 
 
-def topic_specs(settings: TopicSettings, *, inputs_partitions: int | None = None) -> tuple[TopicSpec, ...]:
-    """One spec per topic, in `Topic` order.
+def topic_specs(settings: TopicSettings, *, brokers: int,
+                inputs_partitions: int | None = None) -> tuple[TopicSpec, ...]:
+    """One spec per topic, in `Topic` order, for a cluster of `brokers` (`replication_for`).
 
     `inputs_partitions` is the partition count `inputs` already has on the broker, when it
     exists: the topics that follow `inputs` must match it, whatever `settings.partitions`
@@ -159,13 +192,14 @@ def topic_specs(settings: TopicSettings, *, inputs_partitions: int | None = None
     """
     names = TopicNames.for_prefix(settings.prefix)
     like_inputs = settings.partitions if inputs_partitions is None else inputs_partitions
+    replication = replication_for(brokers, settings.replication_factor)
     return tuple(
         TopicSpec(
             topic=topic,
             name=names.of(topic),
             partitions=like_inputs if layout.partitions is PartitionRule.LIKE_INPUTS else 1,
-            replication_factor=settings.replication_factor,
-            config=dict(layout.config),
+            replication_factor=replication.factor,
+            config={**layout.config, "min.insync.replicas": str(replication.min_insync)},
         )
         for topic, layout in LAYOUTS.items()
     )
