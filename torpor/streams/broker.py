@@ -389,6 +389,8 @@ def is_our_broker(pid: int, broker_dir: Path) -> bool:
 
     Checks the command line so a recycled pid is never taken for the broker (or killed).
     """
+    if pid <= 0:
+        return False  # os.kill would signal a process group, never one broker
     proc = Path("/proc") / str(pid)
     if proc.is_dir():
         try:
@@ -596,6 +598,8 @@ def _warm_up_group(base: ClientConfig, check_alive: Callable[[], None]) -> None:
 
 def kill_gracefully(pid: int, grace: float) -> bool:
     """TERM `pid`, then KILL it if it outlives `grace` seconds. True if it was running."""
+    if pid <= 0:
+        raise ValueError(f"pid {pid} names a process group, not a broker")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
