@@ -1,0 +1,214 @@
+"""A three-node cluster loses the leader of the inputs partitions (kill -9) under load.
+
+The test starts its own cluster (`torpor broker start --nodes 3`, in its tmp dir: the
+shared single broker is left alone, and CI needs nothing started for it), lets the
+project create its topics (replication follows the cluster: 3 copies, min ISR 2), and
+runs the processor and an echo connector that writes down every effect it performs
+(`tests.faults.ledger_echo`). With conversations in flight it SIGKILLs the node that
+leads the most `inputs` partitions and starts more conversations at once. Then:
+
+- every conversation finishes. The connector rides through the failover (it is never
+  restarted); the processor may exit with a `fatal:` line (exit 2) and is restarted like
+  a supervisor would, at most `PROCESSOR_RESTARTS` times: with Kafka's default broker
+  session timeout (9 s) the partition leaders move only after Torpor's 10 s transaction
+  timeout, so the coordinator aborts the open transaction, bumps the producer epoch and
+  the processor finds itself fenced, which DESIGN section 6 says exits;
+- the audit of `tests.faults.harness` (read_committed): every input exactly one decisive
+  receipt (nothing lost, nothing folded twice), no outbox request id twice, every
+  thread's history equal to a re-fold of the inputs;
+- the ledger: each dispatched call's effect performed exactly once;
+- `torpor broker status` says degraded while the node is down; `torpor broker start
+  --nodes 3` brings it back on its data, and every partition of the run's topics and of
+  the internal topics has its three replicas in sync again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from tests.faults.harness import END_ONE, REPO, TORPOR, Soak, SoakConfig, read_all
+from tests.faults.ledger_echo import LEDGER_ENV
+from tests.waiting import wait_until
+from torpor.schemas.codec import decode_value
+from torpor.schemas.records import Dispatch
+from torpor.streams.admin import ensure_topics
+from torpor.streams.cluster import cluster_status
+from torpor.streams.config import KafkaSettings, Settings, TopicSettings
+from torpor.streams.deadline import Deadline
+from torpor.streams.topics import TopicNames
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+NODES: Final = 3
+THREADS: Final = 12
+# Every wait is generous, for three JVMs and the processes under test on two loaded cores;
+# none of them is what the test measures.
+START_TIMEOUT: Final = 420.0
+FINISH_TIMEOUT: Final = 300.0
+IN_SYNC_TIMEOUT: Final = 240.0
+INTERNAL_TOPICS: Final = ("__consumer_offsets", "__transaction_state")
+# A fenced processor exits and its supervisor starts it again (see the module docstring);
+# more restarts than this for one kill is a loop, not a failover.
+PROCESSOR_RESTARTS: Final = 2
+
+
+def torpor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TORPOR, *args], cwd=REPO, capture_output=True, text=True, timeout=START_TIMEOUT,
+                          check=False)
+
+
+@pytest.fixture(scope="module")
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A running three-node cluster of the test's own; stopped whatever the test did."""
+    path = tmp_path_factory.mktemp("cluster") / "cluster"
+    started = torpor("broker", "start", "--nodes", str(NODES), "--dir", str(path))
+    try:
+        assert started.returncode == 0, started.stderr
+        yield path
+    finally:
+        torpor("broker", "stop", "--dir", str(path))
+
+
+class ClusterSoak(Soak):
+    """The harness's conversations and audit, on the cluster, with the ledger echo connector."""
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "effects.ledger"
+
+    @property
+    def env(self) -> dict[str, str]:
+        # The connector imports its factory from tests/: the repository must be importable.
+        return {**super().env, "PYTHONPATH": str(REPO), LEDGER_ENV: str(self.ledger)}
+
+    def ledger_echo(self) -> subprocess.Popen[bytes]:
+        process, _ = self.start([TORPOR, "connector", "run", "tests.faults.ledger_echo:LedgerEcho",
+                                 "--group", f"echo-{self.prefix}", "--journal-dir",
+                                 str(self.root / "journal"), "--config", str(self.root / "connector.toml")],
+                                "ledger-echo")
+        return process
+
+
+class Supervisor:
+    """Keeps processor p0 running as a service manager would: restarts it after a `fatal:` exit."""
+
+    def __init__(self, soak: Soak) -> None:
+        self.soak = soak
+        self.process, self.log = soak.processor("p0")
+        self.exits: list[str] = []
+
+    def check(self) -> None:
+        """Restart p0 if it exited with a fatal line (exit 2); any other exit fails the test."""
+        code = self.process.poll()
+        if code is None:
+            return
+        lines = self.log.read_text(errors="replace").splitlines()
+        fatal = [line for line in lines if line.startswith("fatal:")]
+        assert code == 2 and fatal, f"the processor exited {code} without a fatal line: see {self.log}"
+        self.exits.append(fatal[-1][:200])
+        assert len(self.exits) <= PROCESSOR_RESTARTS, f"the processor keeps failing: {self.exits}"
+        print(f"processor p0 exited 2 ({fatal[-1][:160]}): restarting it")
+        self.process, self.log = self.soak.processor("p0")
+
+
+def leaders(admin: AdminClient, topic: str) -> dict[int, int]:
+    """Partition -> leader node id (-1 while none) of `topic`."""
+    partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
+    return {p.id: p.leader for p in partitions.values()}
+
+
+def out_of_sync(admin: AdminClient, prefix: str) -> list[str]:
+    """Every partition of the run's topics and the internal ones with fewer than all replicas in sync."""
+    metadata = admin.list_topics(timeout=10)
+    names = [name for name in metadata.topics if name.startswith(prefix) or name in INTERNAL_TOPICS]
+    return [f"{name}/{p.id} isr={sorted(p.isrs)}" for name in sorted(names)
+            for p in metadata.topics[name].partitions.values() if len(p.isrs) < NODES]
+
+
+@pytest.mark.timeout(START_TIMEOUT + FINISH_TIMEOUT + IN_SYNC_TIMEOUT + 600)
+def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_rejoins(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    state = cluster_status(cluster_dir)
+    assert state is not None and len(state.running) == NODES
+    soak = ClusterSoak(SoakConfig(kills=0, threads=THREADS, seed=19, root=tmp_path / "run",
+                                  broker_dir=cluster_dir), print)
+    soak.bootstrap = state.bootstrap
+    admin = AdminClient({"bootstrap.servers": soak.bootstrap, "log_level": 2})
+    names = TopicNames.for_prefix(soak.prefix)
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=soak.bootstrap),
+                        topics=TopicSettings(prefix=soak.prefix, partitions=NODES))
+    ensure_topics(admin, settings, Deadline.after(120))
+    inputs = admin.list_topics(topic=names.inputs, timeout=10).topics[names.inputs]
+    assert {len(p.replicas) for p in inputs.partitions.values()} == {3}, "replication follows the cluster"
+    try:
+        echo = soak.ledger_echo()
+        processor = Supervisor(soak)
+        soak.start_wave(THREADS // 2)
+        assert soak.wait(lambda: any(END_ONE in a for a in soak.answers.values()), FINISH_TIMEOUT), \
+            f"no conversation got through round one before the kill; {soak.diagnosis()}"
+        assert processor.process.poll() is None, f"the processor exited before the kill: see {processor.log}"
+
+        # The node leading the most inputs partitions; kill -9: no controlled shutdown.
+        led = Counter(leaders(admin, names.inputs).values())
+        victim = state.node(led.most_common(1)[0][0])
+        os.kill(victim.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        print(f"killed node {victim.node_id} (pid {victim.pid}), leader of {led[victim.node_id]} of "
+              f"{NODES} inputs partitions; {soak.drive()} conversations had ended")
+        soak.start_wave(THREADS - THREADS // 2)
+
+        degraded = torpor("broker", "status", "--dir", str(cluster_dir))
+        assert degraded.returncode == 4 and f"node {victim.node_id} DOWN" in degraded.stdout, degraded.stdout
+        def finished() -> bool:
+            processor.check()
+            return soak.finished()
+
+        finished_in_time = soak.wait(finished, FINISH_TIMEOUT)
+        print(f"all conversations ended {time.monotonic() - killed_at:.0f}s after the kill: "
+              f"{finished_in_time}; processor restarts: {processor.exits or 'none'}")
+        assert finished_in_time, f"conversations unfinished after the kill; {soak.diagnosis()}"
+        assert victim.node_id not in leaders(admin, names.inputs).values(), "the inputs leaders moved"
+        assert echo.poll() is None, f"the connector exited {echo.returncode}; {soak.diagnosis()}"
+
+        back = torpor("broker", "start", "--nodes", str(NODES), "--dir", str(cluster_dir))
+        assert back.returncode == 0 and f"node(s) {victim.node_id} back" in back.stderr, back.stderr
+        try:
+            wait_until(lambda: out_of_sync(admin, soak.prefix) == [], IN_SYNC_TIMEOUT,
+                       "every replica in sync again")
+        except AssertionError as error:
+            raise AssertionError(f"{error}: {out_of_sync(admin, soak.prefix)}") from None
+        assert torpor("broker", "status", "--dir", str(cluster_dir)).returncode == 0
+
+        for process in (processor.process, echo):
+            process.send_signal(signal.SIGTERM)
+        for process in (processor.process, echo):
+            process.wait(60)
+        soak.audit()
+        assert soak.report.problems == [], soak.report.summary()
+
+        invoked = {d.request_id for d in (decode_value(v or b"", Dispatch)
+                                          for _, _, _, v in read_all(soak.bootstrap, names.outbox))
+                   if d.kind == "invoke"}
+        effects = Counter(soak.ledger.read_text().split())
+        assert {r: n for r, n in effects.items() if n > 1} == {}, "an effect performed twice"
+        assert set(effects) == invoked, "every dispatched call performed, and nothing else"
+        report = soak.report
+        print(f"{report.threads} conversations, {report.inputs} inputs, {report.receipts} receipts, "
+              f"{report.dispatches} dispatches, {sum(effects.values())} effects; audit passed")
+    finally:
+        for process in soak.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+        if soak._events is not None:
+            soak._events.close()
