@@ -76,7 +76,9 @@ def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         assert started.returncode == 0, started.stderr
         yield path
     finally:
-        torpor("broker", "stop", "--dir", str(path))
+        stopped = torpor("broker", "stop", "--dir", str(path))
+    assert f"stopped the {NODES}-node cluster" in stopped.stdout, stopped
+    assert torpor("broker", "status", "--dir", str(path)).returncode == 3
 
 
 class ClusterSoak(Soak):

@@ -12,7 +12,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from torpor.schemas.errors import ConfigError
-from torpor.streams.admin import ensure_topics
+from torpor.streams.admin import ensure_topics, inspect_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import TopicLayoutError
@@ -265,3 +265,17 @@ def test_an_inputs_topic_whose_producers_stamp_the_time_is_refused_with_the_fix(
     assert f"topic {names.inputs} has message.timestamp.type='CreateTime'" in message
     assert "but must be 'LogAppendTime'" in message
     assert f"--entity-name {names.inputs} --add-config message.timestamp.type=LogAppendTime" in message
+
+
+@pytest.mark.kafka
+def test_topics_with_fewer_replicas_than_the_layout_are_drift_not_a_problem(
+    admin: AdminClient, kafka_bootstrap: str, prefix: str
+) -> None:
+    """A topic made before the cluster grew still works: `topics check` shows it, refuses nothing."""
+    ensure_topics(admin, settings_for(kafka_bootstrap, prefix, replication_factor=1), Deadline.after(30))
+
+    states = inspect_topics(admin, settings_for(kafka_bootstrap, prefix, replication_factor=2),
+                            Deadline.after(30))
+
+    assert [state.problems for state in states] == [()] * len(states)
+    assert all("1 replicas (the layout says 2)" in state.drift for state in states), states

@@ -291,7 +291,7 @@ def inspect_topics(admin: AdminClient, settings: Settings, deadline: Deadline) -
             problems.append(f"{partitions} partitions, the layout needs {spec.partitions}")
         copies = min(len(p.replicas) for p in metadata.topics[spec.name].partitions.values())
         if copies != spec.replication_factor:
-            drift.append(f"{copies} replicas (the layout says {spec.replication_factor} on this cluster)")
+            drift.append(f"{copies} replicas (the layout says {spec.replication_factor})")
         for key, wanted in spec.config.items():
             actual = config.get(key)
             if actual == wanted:
