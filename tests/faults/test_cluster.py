@@ -5,7 +5,7 @@ shared single broker is left alone, and CI needs nothing started for it), lets t
 project create its topics (replication follows the cluster: 3 copies, min ISR 2), and
 runs the processor and an echo connector that writes down every effect it performs
 (`tests.faults.ledger_echo`). With conversations in flight it SIGKILLs the node that
-leads the most `inputs` partitions and starts more conversations at once. Then:
+leads every `inputs` partition (placed there on purpose) and starts more conversations at once. Then:
 
 - every conversation finishes. The connector rides through the failover (it is never
   restarted); the processor may exit with a `fatal:` line (exit 2) and is restarted like
@@ -35,6 +35,9 @@ from typing import Final
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource  # not re-exported for a type checker
+from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.cimpl import NewTopic
 
 from tests.faults.harness import END_ONE, REPO, TORPOR, Soak, SoakConfig, read_all
 from tests.faults.ledger_echo import LEDGER_ENV
@@ -45,7 +48,7 @@ from torpor.streams.admin import ensure_topics
 from torpor.streams.cluster import cluster_status
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
-from torpor.streams.topics import TopicNames
+from torpor.streams.topics import Topic, TopicNames, topic_specs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -56,6 +59,8 @@ THREADS: Final = 12
 START_TIMEOUT: Final = 420.0
 FINISH_TIMEOUT: Final = 300.0
 IN_SYNC_TIMEOUT: Final = 240.0
+# The node killed: it leads every inputs partition (`lead_inputs`).
+VICTIM: Final = 2
 INTERNAL_TOPICS: Final = ("__consumer_offsets", "__transaction_state")
 # A fenced processor exits and its supervisor starts it again (see the module docstring);
 # more restarts than this for one kill is a loop, not a failover.
@@ -123,6 +128,22 @@ class Supervisor:
         self.process, self.log = self.soak.processor("p0")
 
 
+def lead_inputs(admin: AdminClient, settings: Settings, leader: int) -> None:
+    """Create the inputs topic, as the layout has it, with `leader` first in every replica list.
+
+    The first replica is the preferred leader, so one node leads every inputs partition:
+    killing it takes them all away at once.
+    """
+    spec = next(spec for spec in topic_specs(settings.topics, brokers=NODES) if spec.topic is Topic.INPUTS)
+    followers = [node for node in range(1, NODES + 1) if node != leader]
+    assignment = [[leader, *followers[p % 2:], *followers[:p % 2]] for p in range(spec.partitions)]
+    topic = NewTopic(spec.name, num_partitions=spec.partitions, replica_assignment=assignment,
+                     config=dict(spec.config))
+    admin.create_topics([topic])[spec.name].result(timeout=60)
+    wait_until(lambda: set(leaders(admin, spec.name).values()) == {leader}, 60,
+               f"node {leader} leads every partition of {spec.name}")
+
+
 def leaders(admin: AdminClient, topic: str) -> dict[int, int]:
     """Partition -> leader node id (-1 while none) of `topic`."""
     partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
@@ -149,9 +170,14 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
     names = TopicNames.for_prefix(soak.prefix)
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=soak.bootstrap),
                         topics=TopicSettings(prefix=soak.prefix, partitions=NODES))
+    victim = state.node(VICTIM)
+    lead_inputs(admin, settings, victim.node_id)
     ensure_topics(admin, settings, Deadline.after(120))
-    inputs = admin.list_topics(topic=names.inputs, timeout=10).topics[names.inputs]
-    assert {len(p.replicas) for p in inputs.partitions.values()} == {3}, "replication follows the cluster"
+    metadata = admin.list_topics(timeout=10)
+    for name in names.all():  # the topics ensure_topics made: replication followed the cluster
+        assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {3}, name
+    outbox = ConfigResource(ResourceType.TOPIC, names.outbox)
+    assert admin.describe_configs([outbox])[outbox].result(timeout=30)["min.insync.replicas"].value == "2"
     try:
         echo = soak.ledger_echo()
         processor = Supervisor(soak)
@@ -160,13 +186,12 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
             f"no conversation got through round one before the kill; {soak.diagnosis()}"
         assert processor.process.poll() is None, f"the processor exited before the kill: see {processor.log}"
 
-        # The node leading the most inputs partitions; kill -9: no controlled shutdown.
-        led = Counter(leaders(admin, names.inputs).values())
-        victim = state.node(led.most_common(1)[0][0])
+        # The leader of every inputs partition; kill -9: no controlled shutdown.
+        assert set(leaders(admin, names.inputs).values()) == {victim.node_id}
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        print(f"killed node {victim.node_id} (pid {victim.pid}), leader of {led[victim.node_id]} of "
-              f"{NODES} inputs partitions; {soak.drive()} conversations had ended")
+        print(f"killed node {victim.node_id} (pid {victim.pid}), the leader of every inputs partition; "
+              f"{soak.drive()} conversations had ended")
         soak.start_wave(THREADS - THREADS // 2)
 
         degraded = torpor("broker", "status", "--dir", str(cluster_dir))

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -66,6 +66,15 @@ QUIET_CLIENT: Final[dict[str, str | int | float | bool]] = {"log_level": 2}
 TRANSACTION_CALL_TIMEOUT: Final = 10.0
 
 ClientConfig = dict[str, str | int | float | bool]
+
+# While a cluster's brokers register, the leaders of `__consumer_offsets` move, and a group
+# commit can reach a broker that just stopped coordinating the group. librdkafka does not
+# call these retriable for a commit; waiting cures them.
+COORDINATOR_MOVING: Final = frozenset({
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+})
 
 POM_TEMPLATE: Final = """\
 <?xml version="1.0" encoding="UTF-8"?>
@@ -590,8 +599,10 @@ def _warm_up_group(base: ClientConfig, check_alive: Callable[[], None]) -> None:
                 consumer.commit(offsets=[TopicPartition(WARMUP_TOPIC, 0, 1)], asynchronous=False)
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable():
+                error = exc.args[0]
+                if not error.retriable() and error.code() not in COORDINATOR_MOVING:
                     raise BrokerStartError(f"the warm-up group commit failed: {exc}") from None
+                time.sleep(0.2)  # a coordinator moving or loading answers at once: pause, don't spin
     finally:
         consumer.close()
 
