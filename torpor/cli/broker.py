@@ -25,11 +25,11 @@ from torpor.streams.broker import (
     DEFAULT_KAFKA_VERSION,
     BrokerSettings,
     broker_status,
-    default_cache_dir,
     start_broker,
     stop_broker,
 )
 from torpor.streams.cluster import ClusterSettings, ClusterState, cluster_status, start_cluster, stop_cluster
+from torpor.streams.kafka_jvm import default_cache_dir
 
 DEFAULT_BROKER_DIR: Final = Path(".torpor") / "broker"
 EXIT_NOT_RUNNING: Final = 3

@@ -44,28 +44,30 @@ from typing import Final
 
 from torpor.schemas.errors import ConfigError
 from torpor.streams.broker import (
-    BROKER_JVM_FLAGS,
     DEFAULT_KAFKA_VERSION,
-    HOST,
-    LOG4J_PROPERTIES,
     LOG_FILE,
-    TOOL_JVM_FLAGS,
     BrokerStartError,
     alive_check,
     broker_status,
+    new_cluster_id,
+    server_properties,
+    wait_ready,
+)
+from torpor.streams.kafka_jvm import (
+    BROKER_JVM_FLAGS,
+    HOST,
+    LOG4J_PROPERTIES,
+    TOOL_JVM_FLAGS,
     class_sharing,
     free_port,
     is_our_broker,
     java_command,
     kill_gracefully,
     last_lines,
-    new_cluster_id,
     pid_alive,
     publish_class_archive,
     require_tool,
     resolve_kafka,
-    server_properties,
-    wait_ready,
 )
 
 CLUSTER_STATE_FILE: Final = "cluster.json"
