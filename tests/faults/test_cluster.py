@@ -1,18 +1,21 @@
 """A three-node cluster loses the leader of the inputs partitions (kill -9) under load.
 
 The test starts its own cluster (`torpor broker start --nodes 3`, in its tmp dir: the
-shared single broker is left alone, and CI needs nothing started for it), lets the
-project create its topics (replication follows the cluster: 3 copies, min ISR 2), and
-runs the processor and an echo connector that writes down every effect it performs
-(`tests.faults.ledger_echo`). With conversations in flight it SIGKILLs the node that
-leads every `inputs` partition (placed there on purpose) and starts more conversations at once. Then:
+shared single broker is left alone, and CI needs nothing started for it). It creates the
+`inputs` topic with node 2 first in every replica list, so node 2 leads every inputs
+partition, and lets `ensure_topics` create the others (replication follows the cluster:
+3 copies, min ISR 2). It runs the processor and an echo connector that writes down every
+effect it performs (`tests.faults.ledger_echo`). With conversations in flight it
+SIGKILLs node 2 and starts more conversations at once. Then:
 
 - every conversation finishes. The connector rides through the failover (it is never
-  restarted); the processor may exit with a `fatal:` line (exit 2) and is restarted like
-  a supervisor would, at most `PROCESSOR_RESTARTS` times: with Kafka's default broker
-  session timeout (9 s) the partition leaders move only after Torpor's 10 s transaction
-  timeout, so the coordinator aborts the open transaction, bumps the producer epoch and
-  the processor finds itself fenced, which DESIGN section 6 says exits;
+  restarted). The processor may exit with a `fatal:` line (exit 2) and is restarted as a
+  supervisor would, at most `PROCESSOR_RESTARTS` times: with Kafka's default broker
+  session timeout (9 s) the dead node's partitions get new leaders only after about ten
+  seconds, and the processor's transaction calls run out first. Seen here: the
+  coordinator aborting the open transaction at Torpor's 10 s transaction timeout and
+  bumping the epoch (`_FENCED`, `INVALID_TXN_STATE` on the abort that follows), the
+  abort itself timing out, and the watchdog on `send_offsets_to_transaction`;
 - the audit of `tests.faults.harness` (read_committed): every input exactly one decisive
   receipt (nothing lost, nothing folded twice), no outbox request id twice, every
   thread's history equal to a re-fold of the inputs;
