@@ -169,6 +169,9 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
     soak = ClusterSoak(SoakConfig(kills=0, threads=THREADS, seed=19, root=tmp_path / "run",
                                   broker_dir=cluster_dir), print)
     soak.bootstrap = state.bootstrap
+    # Production's client timeouts, not the harness's shorter group session (its zombie
+    # phase needs one; a failover must be ridden through with what operators run).
+    (soak.root / "processor.toml").write_text("[kafka.librdkafka]\n")
     admin = AdminClient({"bootstrap.servers": soak.bootstrap, "log_level": 2})
     names = TopicNames.for_prefix(soak.prefix)
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=soak.bootstrap),
