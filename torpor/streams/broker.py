@@ -47,6 +47,7 @@ from torpor.streams.kafka_jvm import (
     HOST,
     LOG4J_PROPERTIES,
     TOOL_JVM_FLAGS,
+    check_kafka_version,
     class_sharing,
     free_port,
     is_our_broker,
@@ -152,10 +153,14 @@ class BrokerSettings:
     def __post_init__(self) -> None:
         if self.port is not None and not 0 < self.port < 65536:
             raise ConfigError(f"port {self.port} is out of range: pass a port between 1 and 65535")
-        if not self.kafka_version.startswith("4."):
-            raise ConfigError(
-                f"Kafka {self.kafka_version} is not supported: pass --kafka-version 4.x (KRaft only)"
-            )
+        check_kafka_version(self.kafka_version)
+
+
+def write_state_file(path: Path, state: dict[str, object]) -> None:
+    """Write `state` as JSON to `path` through a rename, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +178,7 @@ class BrokerState:
     class_archive_pending: str | None = None
 
     def write(self, broker_dir: Path) -> None:
-        tmp = broker_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(broker_dir / STATE_FILE)  # a reader never sees half a file
+        write_state_file(broker_dir / STATE_FILE, asdict(self))
 
     @classmethod
     def read(cls, broker_dir: Path) -> BrokerState | None:

@@ -52,12 +52,14 @@ from torpor.streams.broker import (
     new_cluster_id,
     server_properties,
     wait_ready,
+    write_state_file,
 )
 from torpor.streams.kafka_jvm import (
     BROKER_JVM_FLAGS,
     HOST,
     LOG4J_PROPERTIES,
     TOOL_JVM_FLAGS,
+    check_kafka_version,
     class_sharing,
     free_port,
     is_our_broker,
@@ -99,10 +101,7 @@ class ClusterSettings:
                 f"--nodes {self.nodes}: a cluster has {MIN_NODES} to {MAX_NODES} nodes (two voters stop "
                 "when either does); use --nodes 1 for a single broker"
             )
-        if not self.kafka_version.startswith("4."):
-            raise ConfigError(
-                f"Kafka {self.kafka_version} is not supported: pass --kafka-version 4.x (KRaft only)"
-            )
+        check_kafka_version(self.kafka_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +147,7 @@ class ClusterState:
         return next(node for node in self.nodes if node.node_id == node_id)
 
     def write(self, broker_dir: Path) -> None:
-        tmp = broker_dir / (CLUSTER_STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(broker_dir / CLUSTER_STATE_FILE)  # a reader never sees half a file
+        write_state_file(broker_dir / CLUSTER_STATE_FILE, asdict(self))
 
     @classmethod
     def read(cls, broker_dir: Path) -> ClusterState | None:

@@ -103,6 +103,12 @@ class KafkaResolveError(TorporError):
     """Maven could not fetch Kafka. Check that Maven Central is reachable, then retry."""
 
 
+def check_kafka_version(kafka_version: str) -> None:
+    """Raise ConfigError unless `kafka_version` is a 4.x release: KRaft only, no ZooKeeper."""
+    if not kafka_version.startswith("4."):
+        raise ConfigError(f"Kafka {kafka_version} is not supported: pass --kafka-version 4.x (KRaft only)")
+
+
 def default_cache_dir(kafka_version: str, override: str | None) -> Path:
     """`<override>/kafka-<version>` when an override is given, else `~/.cache/torpor/kafka-<version>`."""
     root = Path(override).expanduser() if override else Path.home() / ".cache" / "torpor"
