@@ -166,6 +166,11 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
         cluster_dir: Path, tmp_path: Path) -> None:
     state = cluster_status(cluster_dir)
     assert state is not None and len(state.running) == NODES
+    again = torpor("broker", "start", "--nodes", str(NODES), "--dir", str(cluster_dir))
+    assert again.returncode == 0 and again.stdout.strip() == state.bootstrap, again
+    assert "cluster already running" in again.stderr, again.stderr
+    single = torpor("broker", "start", "--dir", str(cluster_dir))
+    assert single.returncode == 1 and f"pass --nodes {NODES}" in single.stderr, single
     soak = ClusterSoak(SoakConfig(kills=0, threads=THREADS, seed=19, root=tmp_path / "run",
                                   broker_dir=cluster_dir), print)
     soak.bootstrap = state.bootstrap
