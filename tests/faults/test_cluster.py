@@ -20,9 +20,11 @@ SIGKILLs node 2 and starts more conversations at once. Then:
   receipt (nothing lost, nothing folded twice), no outbox request id twice, every
   thread's history equal to a re-fold of the inputs;
 - the ledger: each dispatched call's effect performed exactly once;
-- `torpor broker status` says degraded while the node is down; `torpor broker start
-  --nodes 3` brings it back on its data, and every partition of the run's topics and of
-  the internal topics has its three replicas in sync again.
+- while the node is down, `torpor broker status` says degraded, and topics made for a
+  fresh prefix still get three copies (the cluster's default replication factor), not
+  two for good; `torpor broker start --nodes 3` brings it back on its data,
+  and every partition of the run's topics and of the internal topics has its three
+  replicas in sync again.
 """
 
 from __future__ import annotations
@@ -207,6 +209,15 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
 
         degraded = torpor("broker", "status", "--dir", str(cluster_dir))
         assert degraded.returncode == 4 and f"node {victim.node_id} DOWN" in degraded.stdout, degraded.stdout
+        # Once the controller fenced it, two brokers answer; a fresh prefix's topics still get
+        # the cluster's three copies (one on the fenced node, in sync once it is back), not two.
+        assert soak.wait(lambda: len(admin.list_topics(timeout=10).brokers) == NODES - 1, FINISH_TIMEOUT)
+        fresh = Settings(kafka=settings.kafka, topics=TopicSettings(prefix=f"{soak.prefix}fresh."))
+        ensure_topics(admin, fresh, Deadline.after(120))
+        metadata = admin.list_topics(timeout=10)
+        for name in TopicNames.for_prefix(fresh.topics.prefix).all():
+            assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {3}, name
+
         def finished() -> bool:
             processor.check()
             return soak.finished()

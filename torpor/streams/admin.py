@@ -51,8 +51,9 @@ _PROPAGATION_PAUSE: Final = 0.05
 # Broker answers to CreateTopics that only the operator can fix, with what to change.
 _CREATE_REFUSALS: Final[Mapping[int, str]] = {
     KafkaError.INVALID_REPLICATION_FACTOR: (
-        "the replication factor is larger than the number of brokers: "
-        "set TORPOR_REPLICATION_FACTOR (or [topics] replication_factor) to at most the broker count"
+        "the replication factor is larger than the number of brokers alive: bring the missing "
+        "brokers back, or set TORPOR_REPLICATION_FACTOR (or [topics] replication_factor) to at most "
+        "the broker count"
     ),
     KafkaError.INVALID_PARTITIONS: "set TORPOR_PARTITIONS (or [topics] partitions) to a count it accepts",
     KafkaError.INVALID_CONFIG: "the broker rejected a topic config; check the broker's allowed topic configs",
@@ -90,8 +91,7 @@ def ensure_topics(admin: AdminClient, settings: Settings, deadline: Deadline) ->
     #    ago, decides the partition count of every topic that follows it.
     metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
     created: tuple[str, ...] = ()
-    # Replication follows the brokers the cluster has now (topics.replication_for).
-    brokers = len(metadata.brokers)
+    brokers = _brokers_to_replicate_on(admin, settings, metadata, deadline)
     if names.inputs not in metadata.topics:
         fresh = topic_specs(settings.topics, brokers=brokers)
         created = _create(admin, [spec for spec in fresh if spec.topic is Topic.INPUTS], deadline, bootstrap)
@@ -109,6 +109,26 @@ def ensure_topics(admin: AdminClient, settings: Settings, deadline: Deadline) ->
     return TopicsEnsured(
         created=created, existing=existing, partitions=len(metadata.topics[names.inputs].partitions)
     )
+
+
+def _brokers_to_replicate_on(admin: AdminClient, settings: Settings, metadata: ClusterMetadata,
+                             deadline: Deadline) -> int:
+    """The broker count the replication of new topics follows (`topics.replication_for`).
+
+    The brokers alive now, or the cluster's own `default.replication.factor` when that is
+    larger: a broker down for maintenance while the topics are made must not leave them
+    with fewer copies for good. A KRaft controller places a replica on a broker it fenced
+    but still has registered (in sync once it is back); with too few registered brokers the
+    create is refused, naming the fix. Only asked when `TORPOR_REPLICATION_FACTOR` leaves
+    it to the cluster.
+    """
+    alive = len(metadata.brokers)
+    if settings.topics.replication_factor is not None or not metadata.brokers:
+        return max(alive, 1)
+    broker = str(min(metadata.brokers))
+    configured = _describe_configs(admin, [broker], deadline, settings.kafka.bootstrap_servers,
+                                   ResourceType.BROKER)[broker].get("default.replication.factor")
+    return max(alive, int(configured)) if configured and configured.isdigit() else alive
 
 
 def _create(
@@ -225,27 +245,51 @@ def _check_configs(admin: AdminClient, names: TopicNames, deadline: Deadline, bo
             )
 
 
-def _describe_configs(admin: AdminClient, names: Sequence[str], deadline: Deadline,
-                      bootstrap: str) -> dict[str, dict[str, str | None]]:
-    """Each topic of `names` with its configs (key -> value, None when the broker gives none)."""
-    if not names:
-        return {}
-    resources = {name: ConfigResource(ResourceType.TOPIC, name) for name in names}
+def _describe_configs(admin: AdminClient, names: Sequence[str], deadline: Deadline, bootstrap: str,
+                      kind: ResourceType = ResourceType.TOPIC) -> dict[str, dict[str, str | None]]:
+    """Each topic (or broker id) of `names` with its configs (key -> value, None when none is given).
+
+    On a cluster the broker answering may not know a topic the metadata already showed
+    (it propagates to each broker in turn): such a topic is asked again until `deadline`.
+    """
+    described: dict[str, dict[str, str | None]] = {}
+    pending = list(names)
+    while pending:
+        unknown = _describe_configs_once(admin, pending, deadline, bootstrap, kind, described)
+        if not unknown:
+            break
+        if deadline.expired():
+            raise RetriableError(
+                f"topics {', '.join(unknown)} at {bootstrap} are still unknown to the broker describing "
+                "their configs at the deadline: retry with a longer deadline"
+            )
+        time.sleep(min(_PROPAGATION_PAUSE, deadline.remaining()))
+        pending = unknown
+    return described
+
+
+def _describe_configs_once(admin: AdminClient, names: Sequence[str], deadline: Deadline, bootstrap: str,
+                           kind: ResourceType, described: dict[str, dict[str, str | None]]) -> list[str]:
+    """Describe `names` into `described`; returns the topics the answering broker did not know yet."""
+    resources = {name: ConfigResource(kind, name) for name in names}
     timeout = deadline.timeout_for_call(ADMIN_CALL_SECONDS)
     try:
         futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
     except KafkaException as exc:
         raise translate(exc, operation="describe_configs") from exc
-    described: dict[str, dict[str, str | None]] = {}
+    unknown: list[str] = []
     for name, resource in resources.items():
         try:
             entries = futures[resource].result(timeout=timeout + 1.0)
         except concurrent.futures.TimeoutError:
             raise BrokerUnreachableError(bootstrap, timeout, f"describing {name} got no answer") from None
         except KafkaException as exc:
+            if kafka_error_of(exc).code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                unknown.append(name)
+                continue
             raise translate(exc, operation=f"describe configs of {name}") from exc
         described[name] = {key: entry.value for key, entry in entries.items()}
-    return described
+    return unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +315,8 @@ def inspect_topics(admin: AdminClient, settings: Settings, deadline: Deadline) -
     metadata = check_reachable(admin, deadline, bootstrap_servers=bootstrap)
     names = TopicNames.for_prefix(settings.topics.prefix)
     inputs = metadata.topics.get(names.inputs)
-    specs = topic_specs(settings.topics, brokers=len(metadata.brokers),
+    brokers = _brokers_to_replicate_on(admin, settings, metadata, deadline)
+    specs = topic_specs(settings.topics, brokers=brokers,
                         inputs_partitions=None if inputs is None else len(inputs.partitions))
     present = [spec for spec in specs if spec.name in metadata.topics]
     described = {name: {key: str(value) for key, value in config.items()}
