@@ -41,6 +41,7 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource  # not re-exported for a type checker
+from confluent_kafka.admin._metadata import ClusterMetadata
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
@@ -149,6 +150,12 @@ def lead_inputs(admin: AdminClient, settings: Settings, leader: int) -> None:
                f"node {leader} leads every partition of {spec.name}")
 
 
+def showing(admin: AdminClient, names: tuple[str, ...]) -> ClusterMetadata | None:
+    """The metadata, once the broker answering shows every topic of `names` (None before)."""
+    metadata = admin.list_topics(timeout=10)
+    return metadata if set(names) <= set(metadata.topics) else None
+
+
 def leaders(admin: AdminClient, topic: str) -> dict[int, int]:
     """Partition -> leader node id (-1 while none) of `topic`."""
     partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
@@ -214,8 +221,10 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
         assert soak.wait(lambda: len(admin.list_topics(timeout=10).brokers) == NODES - 1, FINISH_TIMEOUT)
         fresh = Settings(kafka=settings.kafka, topics=TopicSettings(prefix=f"{soak.prefix}fresh."))
         ensure_topics(admin, fresh, Deadline.after(120))
-        metadata = admin.list_topics(timeout=10)
-        for name in TopicNames.for_prefix(fresh.topics.prefix).all():
+        fresh_names = TopicNames.for_prefix(fresh.topics.prefix).all()
+        # Each broker learns of new topics in turn: wait until the one answering knows them all.
+        metadata = wait_until(lambda: showing(admin, fresh_names), 60, "the fresh topics show")
+        for name in fresh_names:
             assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {3}, name
 
         def finished() -> bool:
