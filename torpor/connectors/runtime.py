@@ -31,9 +31,9 @@ Message ids of answers derive from the request id (`InProcessConnector.produce`)
 answer produced twice (a re-run after a crash, a re-sent stored answer) is one input to
 the fold. A tool that raises answers with an error result (`InProcessConnector.start`).
 
-`TORPOR_CONNECTOR_FAULT=after_effect` kills the process (SIGKILL) when a tool hands over
-its final answer, before the answer is journaled or produced: the crash window between
-an effect and its result, for the crash tests. Unset, it costs one comparison.
+The journal discipline itself (route, send, recover) is `connectors.intake`, shared with
+the Faust adapter; this module is its confluent-kafka transport.
+`TORPOR_CONNECTOR_FAULT=after_effect` is honoured there (`intake.FAULT_ENV`).
 
 An undecodable dispatch is logged loudly and skipped: a connector cannot act on it,
 and the processor's receipts already account for the turn that made it.
@@ -42,23 +42,21 @@ and the processor's receipts already account for the turn that made it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
-from torpor.connectors.journal import EffectJournal, EffectState
+from torpor.connectors.inprocess import CLOSE_THREAD
+from torpor.connectors.intake import DEFAULT_RETENTION_MS, JournaledIntake
+from torpor.connectors.journal import EffectJournal
 from torpor.connectors.manifest import publish_manifest
 from torpor.connectors.offsets import OutboxOffsets
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
-from torpor.schemas.records import Dispatch, Input, TextBlock, TimerFired, ToolEvent, ToolResult, ToolSpec
+from torpor.schemas.records import Dispatch, Input, ToolSpec
 from torpor.schemas.signer import Signer
 from torpor.streams.clients import make_consumer, make_producer
 from torpor.streams.config import Settings
@@ -76,12 +74,6 @@ POLL_SECONDS: Final = 0.05
 TAKE: Final = 100
 # Deliver answers before stopping; and wait at most as long for the last outbox commit.
 FLUSH_SECONDS: Final = 10.0
-# How often settled effects older than the retention are forgotten (a scan of the journal).
-PRUNE_SECONDS: Final = 3600.0
-# Delivered effects are remembered this long: a dispatch redelivered within it never reruns.
-DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
-FAULT_ENV: Final = "TORPOR_CONNECTOR_FAULT"
-AFTER_EFFECT: Final = "after_effect"
 
 
 class Connector(Protocol):
@@ -109,18 +101,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def final_request(record: Input) -> str | None:
-    """The request id `record` finishes, if it is a call's final answer."""
-    body = record.body
-    if isinstance(body, ToolResult) and not body.subscription:
-        return body.request_id
-    if isinstance(body, ToolEvent) and body.final:
-        return body.request_id
-    if isinstance(body, TimerFired):
-        return body.request_id
-    return None
-
-
 class ConnectorRuntime:
     """Serves one connector from the outbox (see the module docstring)."""
 
@@ -135,10 +115,11 @@ class ConnectorRuntime:
         self._paused = False
         self._topics = TopicNames.for_prefix(settings.topics.prefix)
         self._codec = codec or Codec.from_url(settings.schema_registry.url)
-        self._signer = signer
-        self._clock = clock
-        self._retention_ms = retention_ms
-        self.journal = journal or EffectJournal()
+        self._intake = JournaledIntake(
+            journal or EffectJournal(), codec=self._codec, inputs_topic=self._topics.inputs,
+            max_bytes=settings.inputs.max_bytes, signer=signer, clock=clock, produce=self._produce,
+            retention_ms=retention_ms)
+        self.journal = self._intake.journal
         self._consumer = make_consumer(settings, group, on_commit=self._on_commit)
         self._offsets = OutboxOffsets(self._consumer, self._topics.outbox)
         self._producer = make_producer(settings)
@@ -149,62 +130,15 @@ class ConnectorRuntime:
         self._partitions = 0  # of `inputs`, known once the topics are found
         if not wait_for_topics:
             self._found_topics(self._topic_wait.check())  # MissingTopicsError: one line, exit 1
-        self._max_bytes = settings.inputs.max_bytes
-        self.connector = factory(self._send, clock)
+        self.connector = factory(self._intake.send, clock)
         self._tools = frozenset(spec.name for spec in self.connector.specs)
-        self._fault = os.environ.get(FAULT_ENV) == AFTER_EFFECT
-        self._last_prune = 0.0
         # Since when nothing ran, nothing was unread and everything was committed (None:
         # busy). Written by the loop only; a processor hosting this runtime reads it.
         self.idle_since: float | None = None
         self.handled = 0
         self._settings = settings
-        if signer is None:
-            log.warning("no signing key: answers are produced unsigned (a processor with a key ring "
-                        "refuses them as missing_signature)")
 
     # --- producing ---------------------------------------------------------------------
-
-    def _send(self, record: Input) -> None:
-        """The connector's sink: bound, sign, journal a final answer, produce."""
-        record = self._bounded(record)
-        if self._signer is not None:
-            record = self._signer.sign(record)
-        request_id = final_request(record)
-        if request_id is not None:
-            if self._fault:
-                log.error("fault %s: killing the connector before the answer is produced", AFTER_EFFECT)
-                os.kill(os.getpid(), signal.SIGKILL)
-            effect = self.journal.entry(request_id)
-            if effect is not None and effect.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
-                self.journal.finish(request_id, record, self._clock())
-            elif effect is not None and effect.state == EffectState.CANCELLED:
-                log.info("answer of a cancelled call dropped", extra={
-                    "thread_id": record.thread_id, "message_id": record.message_id})
-                return  # the fold answered it as interrupted already: a late result is only noise
-        self._produce(record, request_id)
-
-    def _bounded(self, record: Input) -> Input:
-        """`record`, or, if the processor would park it unread as oversized (and the call
-        would wait forever), the same answer with its content replaced by why. Encoded
-        only when a cheap upper bound (4 bytes a character) does not show it fits."""
-        body = record.body
-        if not isinstance(body, ToolResult | ToolEvent):
-            return record
-        rough = sum(4 * len(b.text) if isinstance(b, TextBlock) else len(b.data) for b in body.content)
-        if rough + 4_096 <= self._max_bytes:
-            return record
-        size = len(self._codec.encode(self._topics.inputs, record))
-        if size <= self._max_bytes:
-            return record
-        why = (f"the tool's answer was {size} bytes, more than the {self._max_bytes} one input may carry "
-               "(TORPOR_MAX_INPUT_BYTES): it was not delivered; ask for less")
-        log.warning("answer too large, replaced by an error: %s", why,
-                    extra={"thread_id": record.thread_id, "message_id": record.message_id})
-        content = (TextBlock(why),)
-        if isinstance(body, ToolResult):
-            return dataclasses.replace(record, body=dataclasses.replace(body, ok=False, content=content))
-        return dataclasses.replace(record, body=dataclasses.replace(body, content=content))
 
     def _produce(self, record: Input, request_id: str | None) -> None:
         key = record.thread_id.encode("utf-8")
@@ -222,7 +156,7 @@ class ConnectorRuntime:
     def _delivered_callback(self, request_id: str) -> Callable[[KafkaError | None, Message], None]:
         def delivered(error: KafkaError | None, message: Message) -> None:
             if error is None:
-                self.journal.delivered(request_id, self._clock())
+                self._intake.delivered(request_id)
             else:  # stays `done`: re-sent at the next start
                 log.warning("answer not delivered: %s", error, extra={"message_id": request_id})
         return delivered
@@ -242,7 +176,7 @@ class ConnectorRuntime:
                 else:
                     await asyncio.sleep(TOPIC_PAUSE_S)
             publish_manifest(self._producer, self._topics.toolsets, self.connector.specs, source=self._source)
-            self._recover()
+            self._intake.recover(self.connector)
             self._consumer.subscribe([self._topics.outbox])
             while not should_stop():
                 room = self._room()
@@ -251,8 +185,7 @@ class ConnectorRuntime:
                     self._take(message.error(), message.value(), message.partition(), message.offset())
                 self._producer.poll(0)
                 self._offsets.commit_due()
-                if time.monotonic() - self._last_prune >= PRUNE_SECONDS:
-                    self._prune()
+                self._intake.prune_due()
                 idle = not messages and self.connector.busy == 0 and self._caught_up()
                 if idle and self.idle_since is None:
                     self.idle_since = time.monotonic()
@@ -311,33 +244,6 @@ class ConnectorRuntime:
     def _source(self) -> str:
         return str(getattr(self.connector, "source", "connector"))
 
-    def _prune(self) -> int:
-        self._last_prune = time.monotonic()
-        return self.journal.prune(self._clock() - self._retention_ms)
-
-    def _recover(self) -> None:
-        now = self._clock()
-        pruned = self._prune()
-        found = self.journal.recover(now)
-        rerun = resent = reconciled = 0
-        for effect in found:
-            if effect.state == EffectState.DONE and effect.answer is not None:
-                self._produce(effect.answer, effect.request_id)
-                resent += 1
-            elif effect.state == EffectState.UNKNOWN:
-                # Before any retry: did the effect happen? (the tool answers if it did)
-                if self.connector.reconcile(effect.dispatch):
-                    reconciled += 1
-                    continue
-                self.journal.restart(effect.request_id, now)
-                self.connector.submit(effect.dispatch)
-                for followup in effect.followups:
-                    self.connector.submit(followup)
-                rerun += 1
-        if found or pruned:
-            log.info("journal recovered: %d answers re-sent, %d effects reconciled, %d re-run, %d pruned",
-                     resent, reconciled, rerun, pruned)
-
     def _take(self, error: KafkaError | None, value: bytes | None, partition: int | None,
               offset: int | None) -> None:
         if error is not None:
@@ -357,24 +263,6 @@ class ConnectorRuntime:
             return  # another connector's
         where = {"thread_id": dispatch.thread_id, "message_id": dispatch.request_id,
                  "partition": partition, "offset": offset}
-        self._route(dispatch)
+        self._intake.route(dispatch, self.connector)
         self.handled += 1
         log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra=where)
-
-    def _route(self, dispatch: Dispatch) -> None:
-        now = self._clock()
-        if dispatch.kind == INVOKE:
-            found = self.journal.begin(dispatch, now)
-            if found is None:
-                self.connector.submit(dispatch)
-            elif found.state == EffectState.DONE and found.answer is not None:
-                self._produce(found.answer, found.request_id)  # redelivered: re-send, do not rerun
-            return
-        if dispatch.kind == CANCEL:
-            self.journal.cancel(dispatch.thread_id, dispatch.call_id, now)
-        elif dispatch.kind == CLOSE_THREAD:
-            for call_id in self.journal.running_calls(dispatch.thread_id):
-                self.journal.cancel(dispatch.thread_id, call_id, now)
-        elif dispatch.kind == APPROVAL_DECISION:
-            self.journal.follow(dispatch, now)
-        self.connector.submit(dispatch)

@@ -1,0 +1,204 @@
+"""The effect journal's discipline, for any transport: what a connector does with a
+dispatch, with an answer, and at start-up (DESIGN 7).
+
+Contract. `JournaledIntake(journal, codec=..., inputs_topic=..., max_bytes=..., signer=...,
+clock=..., produce=...)` holds no Kafka client: the transport that reads the outbox
+(`ConnectorRuntime` on confluent-kafka, `torpor.faust.connector` on a Faust agent) hands
+it each decoded dispatch, and it hands back records to produce through `produce(record,
+request_id)`. The transport must call `delivered(request_id)` once the broker
+acknowledged a record produced with a request id (a call's final answer).
+
+- `route(dispatch, performer)`: an `invoke` is journaled before the performer sees it
+  (a request id already journaled is never run twice; a finished one has its stored
+  answer re-sent instead); `cancel` and `close_thread` cancel the journaled effect
+  before the performer stops its work; an `approval_decision` is kept with the effect it
+  decides, so a re-run gets it again.
+- `send(record)`: the connector's input sink. It bounds the answer (one the processor
+  would park unread as oversized is replaced by an error saying so), signs it when there
+  is a signer, journals a final answer before producing it (`final_request`), and drops
+  the late answer of a cancelled call.
+- `recover(performer)`: at start, before any dispatch is taken: finished but undelivered
+  answers are re-sent; an effect that was running when the previous process died is
+  `unknown`, and the performer's `reconcile(dispatch)` decides, before any retry, whether
+  it happened (it answers then) or must run again. Settled effects older than
+  `retention_ms` are pruned (then hourly: `prune_due`).
+
+`TORPOR_CONNECTOR_FAULT=after_effect` kills the process (SIGKILL) when a tool hands over
+its final answer, before the answer is journaled or produced: the crash window between
+an effect and its result, for the crash tests of every transport. Unset, it costs one
+comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
+from torpor.connectors.journal import EffectJournal, EffectState
+from torpor.schemas.codec import Codec
+from torpor.schemas.records import Dispatch, Input, TextBlock, TimerFired, ToolEvent, ToolResult
+from torpor.schemas.signer import Signer
+
+log = logging.getLogger(__name__)
+
+# How often settled effects older than the retention are forgotten (a scan of the journal).
+PRUNE_SECONDS: Final = 3600.0
+# Delivered effects are remembered this long: a dispatch redelivered within it never reruns.
+DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
+FAULT_ENV: Final = "TORPOR_CONNECTOR_FAULT"
+AFTER_EFFECT: Final = "after_effect"
+
+Produce = Callable[[Input, "str | None"], None]
+"""Produces `record` to `inputs`; with a request id (a final answer) the transport calls
+`JournaledIntake.delivered(request_id)` once the broker acknowledged it."""
+
+
+class Performer(Protocol):
+    """What does the work: `InProcessConnector`, `ToolRouter`, a Faust agent's call queue."""
+
+    def submit(self, dispatch: Dispatch) -> None: ...
+
+    def reconcile(self, dispatch: Dispatch) -> bool: ...
+
+
+def final_request(record: Input) -> str | None:
+    """The request id `record` finishes, if it is a call's final answer."""
+    body = record.body
+    if isinstance(body, ToolResult) and not body.subscription:
+        return body.request_id
+    if isinstance(body, ToolEvent) and body.final:
+        return body.request_id
+    if isinstance(body, TimerFired):
+        return body.request_id
+    return None
+
+
+class JournaledIntake:
+    """A connector's journal discipline, transport-free (see the module docstring)."""
+
+    def __init__(self, journal: EffectJournal, *, codec: Codec, inputs_topic: str, max_bytes: int,
+                 signer: Signer | None, clock: Callable[[], int], produce: Produce,
+                 retention_ms: int = DEFAULT_RETENTION_MS) -> None:
+        self.journal = journal
+        self._codec = codec
+        self._inputs_topic = inputs_topic
+        self._max_bytes = max_bytes
+        self._signer = signer
+        self._clock = clock
+        self._produce = produce
+        self._retention_ms = retention_ms
+        self._fault = os.environ.get(FAULT_ENV) == AFTER_EFFECT
+        self._last_prune = 0.0
+        if signer is None:
+            log.warning("no signing key: answers are produced unsigned (a processor with a key ring "
+                        "refuses them as missing_signature)")
+
+    # --- answers -----------------------------------------------------------------------
+
+    def send(self, record: Input) -> None:
+        """The connector's sink: bound, sign, journal a final answer, produce."""
+        record = self._bounded(record)
+        if self._signer is not None:
+            record = self._signer.sign(record)
+        request_id = final_request(record)
+        if request_id is not None:
+            if self._fault:
+                log.error("fault %s: killing the connector before the answer is produced", AFTER_EFFECT)
+                os.kill(os.getpid(), signal.SIGKILL)
+            effect = self.journal.entry(request_id)
+            if effect is not None and effect.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
+                self.journal.finish(request_id, record, self._clock())
+            elif effect is not None and effect.state == EffectState.CANCELLED:
+                log.info("answer of a cancelled call dropped", extra={
+                    "thread_id": record.thread_id, "message_id": record.message_id})
+                return  # the fold answered it as interrupted already: a late result is only noise
+        self._produce(record, request_id)
+
+    def delivered(self, request_id: str) -> None:
+        """The broker acknowledged the final answer of `request_id`."""
+        self.journal.delivered(request_id, self._clock())
+
+    def _bounded(self, record: Input) -> Input:
+        """`record`, or, if the processor would park it unread as oversized (and the call
+        would wait forever), the same answer with its content replaced by why. Encoded
+        only when a cheap upper bound (4 bytes a character) does not show it fits."""
+        body = record.body
+        if not isinstance(body, ToolResult | ToolEvent):
+            return record
+        rough = sum(4 * len(b.text) if isinstance(b, TextBlock) else len(b.data) for b in body.content)
+        if rough + 4_096 <= self._max_bytes:
+            return record
+        size = len(self._codec.encode(self._inputs_topic, record))
+        if size <= self._max_bytes:
+            return record
+        why = (f"the tool's answer was {size} bytes, more than the {self._max_bytes} one input may carry "
+               "(TORPOR_MAX_INPUT_BYTES): it was not delivered; ask for less")
+        log.warning("answer too large, replaced by an error: %s", why,
+                    extra={"thread_id": record.thread_id, "message_id": record.message_id})
+        content = (TextBlock(why),)
+        if isinstance(body, ToolResult):
+            return dataclasses.replace(record, body=dataclasses.replace(body, ok=False, content=content))
+        return dataclasses.replace(record, body=dataclasses.replace(body, content=content))
+
+    # --- dispatches --------------------------------------------------------------------
+
+    def route(self, dispatch: Dispatch, performer: Performer) -> None:
+        """Journal `dispatch` and pass it on to `performer` (module docstring)."""
+        now = self._clock()
+        if dispatch.kind == INVOKE:
+            found = self.journal.begin(dispatch, now)
+            if found is None:
+                performer.submit(dispatch)
+            elif found.state == EffectState.DONE and found.answer is not None:
+                self._produce(found.answer, found.request_id)  # redelivered: re-send, do not rerun
+            return
+        if dispatch.kind == CANCEL:
+            self.journal.cancel(dispatch.thread_id, dispatch.call_id, now)
+        elif dispatch.kind == CLOSE_THREAD:
+            for call_id in self.journal.running_calls(dispatch.thread_id):
+                self.journal.cancel(dispatch.thread_id, call_id, now)
+        elif dispatch.kind == APPROVAL_DECISION:
+            self.journal.follow(dispatch, now)
+        performer.submit(dispatch)
+
+    # --- start-up and upkeep -----------------------------------------------------------
+
+    def recover(self, performer: Performer) -> None:
+        """Re-send, reconcile or re-run what the previous process left (module docstring)."""
+        now = self._clock()
+        pruned = self.prune()
+        found = self.journal.recover(now)
+        rerun = resent = reconciled = 0
+        for effect in found:
+            if effect.state == EffectState.DONE and effect.answer is not None:
+                self._produce(effect.answer, effect.request_id)
+                resent += 1
+            elif effect.state == EffectState.UNKNOWN:
+                # Before any retry: did the effect happen? (the tool answers if it did)
+                if performer.reconcile(effect.dispatch):
+                    reconciled += 1
+                    continue
+                self.journal.restart(effect.request_id, now)
+                performer.submit(effect.dispatch)
+                for followup in effect.followups:
+                    performer.submit(followup)
+                rerun += 1
+        if found or pruned:
+            log.info("journal recovered: %d answers re-sent, %d effects reconciled, %d re-run, %d pruned",
+                     resent, reconciled, rerun, pruned)
+
+    def prune(self) -> int:
+        """Forget settled effects older than the retention; return how many."""
+        self._last_prune = time.monotonic()
+        return self.journal.prune(self._clock() - self._retention_ms)
+
+    def prune_due(self) -> None:
+        """`prune`, if the last one is `PRUNE_SECONDS` old."""
+        if time.monotonic() - self._last_prune >= PRUNE_SECONDS:
+            self.prune()
