@@ -2,7 +2,9 @@
 
 Between the top-level packages: `schemas` <- `streams` <- `processors`, `connectors`;
 processors and connectors never import each other; only the command line (`torpor.cli`)
-composes them.
+composes them. The Faust adapter (`torpor.faust`) sits beside the connectors, on
+`schemas`, `streams` and `connectors`; nothing of Torpor imports it, and only it imports
+`faust` and `aiokafka` (an optional extra: the rest of Torpor works without it).
 
 Inside `torpor.processors`, four rooms (its package docstring): `fold` (pure: nothing of
 the store, the models, `streams` or any I/O), `store` (the fold's types, nothing of Kafka
@@ -28,7 +30,11 @@ ALLOWED: Final[dict[str, frozenset[str]]] = {
     # line hands it what to produce with.
     "inspector": frozenset({"schemas", "streams"}),
     "cli": frozenset({"schemas", "streams", "processors", "connectors", "inspector"}),
+    "faust": frozenset({"schemas", "streams", "connectors"}),
 }
+
+# Third-party packages of an optional extra, and the one layer that may import them.
+EXTRA_ONLY: Final[dict[str, str]] = {"faust": "faust", "aiokafka": "faust", "mode": "faust"}
 
 RUNTIMES: Final = "runtimes"  # the modules at the top of torpor/processors
 # room -> the rooms of torpor.processors and the top-level layers it may import.
@@ -44,6 +50,7 @@ FOLD_FORBIDDEN: Final = frozenset({
     "asyncio", "io", "logging", "os", "pathlib", "random", "secrets", "shutil", "socket", "subprocess",
     "threading", "time", "urllib", "uuid",
     "anthropic", "boto3", "confluent_kafka", "fastavro", "httpx", "mcp", "openai", "rocksdict",
+    "faust", "aiokafka",
 })
 
 
@@ -108,6 +115,36 @@ def test_every_import_points_down_the_layers() -> None:
             if target not in ALLOWED[layer]:
                 wrong.append(f"torpor/{rel} imports {module} ({layer} may not import {target})")
     assert not wrong, "imports against the layering of DESIGN section 9:\n" + "\n".join(wrong)
+
+
+def _extra_problems(root: Path) -> list[str]:
+    wrong: list[str] = []
+    for path in sorted((root / "torpor").rglob("*.py")):
+        rel = path.relative_to(root / "torpor")
+        layer = rel.parts[0] if len(rel.parts) > 1 else None
+        for imported in _imports(path, root):
+            owner = EXTRA_ONLY.get(imported.split(".")[0])
+            if owner is not None and layer != owner:
+                wrong.append(f"torpor/{rel} imports {imported} (only torpor/{owner} may: an optional extra)")
+    return wrong
+
+
+def test_only_the_adapter_imports_its_optional_extra() -> None:
+    wrong = _extra_problems(PACKAGE.parent)
+    assert not wrong, "imports of an optional extra outside its adapter:\n" + "\n".join(wrong)
+
+
+def test_the_checker_sees_an_extra_imported_outside_its_adapter(tmp_path: Path) -> None:
+    for layer in ("connectors", "faust"):
+        (tmp_path / "torpor" / layer).mkdir(parents=True)
+        (tmp_path / "torpor" / layer / "planted.py").write_text("import faust\nfrom aiokafka import errors\n")
+    assert sorted(_extra_problems(tmp_path)) == [
+        "torpor/connectors/planted.py imports aiokafka (only torpor/faust may: an optional extra)",
+        "torpor/connectors/planted.py imports faust (only torpor/faust may: an optional extra)",
+    ]
+    planted = tmp_path / "torpor" / "connectors" / "wrong_way.py"
+    planted.write_text("from torpor.faust.app import App\n")
+    assert {_layer(m) for m in _torpor_imports(planted, root=tmp_path)} - ALLOWED["connectors"] == {"faust"}
 
 
 def _room_problems(root: Path) -> list[str]:

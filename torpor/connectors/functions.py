@@ -138,7 +138,7 @@ class FunctionConnector(InProcessConnector):
             value = await asyncio.to_thread(found.fn, args, call)
             if inspect.isawaitable(value):
                 value = await value
-        self.answer(dispatch, ok=True, content=text(_as_text(value)))
+        self.answer(dispatch, ok=True, content=text(as_text(value)))
 
     def reconcile(self, dispatch: Dispatch) -> bool:
         found = self._tools.get(dispatch.tool)
@@ -147,9 +147,10 @@ class FunctionConnector(InProcessConnector):
         value = found.reconcile(Call.of(dispatch))
         if value is None:
             return False
-        self.answer(dispatch, ok=True, content=text(_as_text(value)))
+        self.answer(dispatch, ok=True, content=text(as_text(value)))
         return True
 
 
-def _as_text(value: object) -> str:
+def as_text(value: object) -> str:
+    """A tool's return value as the result's text: a string as is, anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
