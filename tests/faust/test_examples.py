@@ -10,7 +10,8 @@ possibly not committed: the journal keeps the redelivered dispatch from running 
 Each request's effect happens once, each answer is one input applied once, verified.
 
 A dispatch written in an aborted transaction (a zombie processor's) is never performed:
-`torpor.faust.App` reads the outbox read_committed.
+`torpor.faust.App` reads the outbox read_committed. A record that is no dispatch does not
+stop the connector, and another tool's dispatch is left to its own connector.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def test_a_faust_connector_killed_and_restarted_performs_each_effect_once(
         assert process.wait(timeout=60) == 0
 
 
-def test_a_dispatch_of_an_aborted_transaction_is_never_performed(
+def test_only_committed_decodable_dispatches_of_its_own_tools_are_performed(
     deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     effects = tmp_path / "effects.txt"
@@ -212,29 +213,35 @@ def test_a_dispatch_of_an_aborted_transaction_is_never_performed(
     monkeypatch.setenv("TORPOR_JOURNAL_DIR", str(tmp_path / "journal"))
     capability = Capability(tenant="test", tools=("effect",), scopes=(), expires_at=None)
 
-    def dispatch(request_id: str) -> Dispatch:
-        return Dispatch(request_id=request_id, thread_id="zombie-thread", call_id=request_id, tool="effect",
-                        arguments=json.dumps({"note": request_id}), capability=capability, attempt=0,
-                        created_at=1, deadline=None, kind="invoke")
+    def dispatch(request_id: str, tool: str = "effect") -> bytes:
+        return encode_value(Dispatch(
+            request_id=request_id, thread_id="zombie-thread", call_id=request_id, tool=tool,
+            arguments=json.dumps({"note": request_id}), capability=capability, attempt=0, created_at=1,
+            deadline=None, kind="invoke"))
 
-    # A zombie processor's transaction, aborted, then a committed one on the same partition.
+    # On one partition, in order: a zombie processor's aborted transaction, a record that is
+    # no Dispatch, a dispatch for another connector's tool, then a committed dispatch.
     zombie = Producer({"bootstrap.servers": deployment.bootstrap,
                        "transactional.id": f"zombie-{deployment.prefix}"})
-    outbox = deployment.topic("outbox")
+    outbox, key = deployment.topic("outbox"), b"zombie-thread"
     zombie.init_transactions(30)
     zombie.begin_transaction()
-    zombie.produce(outbox, key=b"zombie-thread", value=encode_value(dispatch("aborted")))
+    zombie.produce(outbox, key=key, value=dispatch("aborted"))
     zombie.flush(30)
     zombie.abort_transaction(30)
     zombie.begin_transaction()
-    zombie.produce(outbox, key=b"zombie-thread", value=encode_value(dispatch("committed")))
+    zombie.produce(outbox, key=key, value=b"\xc3\x01not a dispatch")
+    zombie.produce(outbox, key=key, value=dispatch("other-tool", tool="echo"))
+    zombie.produce(outbox, key=key, value=dispatch("committed"))
     zombie.commit_transaction(30)
 
     worker = deployment.start(_worker(deployment, "effect_connector.py", "effect"), "effect")
     wait_until(lambda: _performed(effects) == ["committed"] and _results(deployment, "committed"),
                timeout=180,
                message=f"the committed dispatch's answer; worker log:\n{deployment.log('effect')[-3000:]}")
-    assert "aborted" not in _performed(effects)
-    assert not _results(deployment, "aborted")
+    assert not _results(deployment, "aborted") and not _results(deployment, "other-tool")
+    log = deployment.log("effect")
+    assert "undecodable record skipped" in log and "unknown schema fingerprint" in log
+    assert "Crashed" not in log  # skipped by the topic, not thrown into the agent
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0

@@ -16,20 +16,44 @@ Contract. `TorporTopics.of(app)` gives the Faust topics of the Torpor deployment
 Raises `ConfigError` for an app that is not a `torpor.faust.App`: a plain `faust.App`
 outside Faust's transactional mode reads records of aborted transactions
 (`torpor.faust.app`). None of these topics is declared: Faust never creates them.
+
+A record whose key or value does not decode is logged (topic, partition, offset, why)
+and skipped, as `ConnectorRuntime` skips an undecodable dispatch: Faust would otherwise
+throw the error into the agent, which crashes and is restarted (and a burst of them
+exceeds the supervisor's restart budget and stops the worker). Faust acks the record
+before it reports the error, so the skip is committed like any processed record.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import faust
-from faust.types import TopicT
+from faust.types import Message, TopicT
 
 from torpor.faust.app import App, ReadCommittedTransport
 from torpor.faust.codec import register_codecs
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError
 from torpor.streams.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+class TorporTopic(faust.Topic):
+    """A Faust topic that skips, loudly, what does not decode (module docstring)."""
+
+    async def on_key_decode_error(self, exc: Exception, message: Message) -> None:
+        self._skip(exc, message)
+
+    async def on_value_decode_error(self, exc: Exception, message: Message) -> None:
+        self._skip(exc, message)
+
+    def _skip(self, exc: Exception, message: Message) -> None:
+        # The codec cannot know where the bytes came from: the message does.
+        log.error("undecodable record skipped at %s[%s]@%s: %s", message.topic, message.partition,
+                  message.offset, exc, extra={"partition": message.partition, "offset": message.offset})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +80,8 @@ class TorporTopics:
 
         def topic(role: str) -> TopicT:
             avro = codecs[role]
-            return app.topic(avro.topic, key_type=str, key_serializer="raw", value_serializer=avro)
+            return TorporTopic(app, topics=[avro.topic], key_type=str, key_serializer="raw",
+                               value_serializer=avro)
 
         return cls(TopicNames.for_prefix(settings.topics.prefix), codec, topic("outbox"), topic("events"),
                    topic("receipts"), topic("inputs"))
