@@ -75,8 +75,39 @@ def pid() -> list[TextContent]:
     return [TextContent(type="text", text=str(os.getpid()))]
 
 
+def serve_http(port: int, token: str | None) -> None:
+    """Streamable HTTP on 127.0.0.1:`port` (0: any), the port printed once it accepts; with
+    `token`, a request without `Authorization: Bearer <token>` is refused with 401."""
+    import socket
+
+    import uvicorn
+    from starlette.responses import PlainTextResponse
+
+    mcp_app = app.streamable_http_app()
+
+    async def guarded(scope, receive, send):
+        headers = dict(scope.get("headers") or [])
+        if scope["type"] == "http" and token is not None \
+                and headers.get(b"authorization") != f"Bearer {token}".encode():
+            await PlainTextResponse("no entry", status_code=401)(scope, receive, send)
+            return
+        await mcp_app(scope, receive, send)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
+    print(f"listening on {sock.getsockname()[1]}", flush=True)
+    uvicorn.Server(uvicorn.Config(guarded, log_level="warning", lifespan="on")).run(sockets=[sock])
+
+
 if __name__ == "__main__":
-    app.run()
+    import sys
+
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # --http PORT [TOKEN]
+        serve_http(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    else:
+        app.run()
 '''
 
 PREFIX = "demo_"
