@@ -201,7 +201,11 @@ class FaustConnector:
             if self._intake is not None:
                 return
             self._partitions = await asyncio.to_thread(self._publish_and_measure)
-            journal = EffectJournal(self._journal_dir)
+            try:
+                journal = EffectJournal(self._journal_dir)
+            except Exception as error:  # rocksdict raises a bare Exception for a locked directory
+                raise ConfigError(f"effect journal {self._journal_dir}: cannot open it: {error} "
+                                  "(is another worker using it?)") from None
             self._app.keep_open(journal)
             settings = self._app.torpor_settings
             self._intake = JournaledIntake(
