@@ -1,13 +1,14 @@
-"""The MCP bridge against a real MCP server (the SDK's MCPServer, over stdio, as a subprocess)."""
+"""The MCP bridge against a real MCP server (the SDK's MCPServer, as a subprocess): each
+test of a call runs over stdio and over streamable HTTP (`server` is parametrized);
+what only one transport has is tested on its own (`test_mcp_bridge_http.py` for HTTP)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -15,8 +16,9 @@ import pytest
 from mcp import StdioServerParameters
 
 from tests.connectors.e2e_tools import run_agent
+from tests.connectors.mcp_server import SERVER, http_server, stdio_server
 from tests.connectors.test_http_tool import Handler
-from torpor.connectors.mcp_bridge import McpBridge, discover_blocking, from_env, result_of, spec_of
+from torpor.connectors.mcp_bridge import McpBridge, McpServer, discover_blocking, from_env, result_of, spec_of
 from torpor.schemas.errors import ConfigError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
@@ -30,100 +32,31 @@ from torpor.schemas.records import (
     ToolSpec,
 )
 
-# `add` has structured output, `shout` plain text, `fail` always errs, `slow` waits,
-# `pid` tells whether the calls share one server process.
-SERVER = '''
-from __future__ import annotations
-
-import os
-import time
-
-from mcp.server.mcpserver import MCPServer
-from mcp_types import TextContent
-
-app = MCPServer("torpor-test")
-
-
-@app.tool()
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-@app.tool(structured_output=False)
-def shout(words: str) -> list[TextContent]:
-    """Upper-case the words."""
-    return [TextContent(type="text", text=words.upper())]
-
-
-@app.tool()
-def fail(why: str) -> str:
-    """Always fails, saying why."""
-    raise ValueError(why)
-
-
-@app.tool()
-def slow(seconds: float) -> str:
-    """Answer after a while."""
-    time.sleep(seconds)
-    return "late"
-
-
-@app.tool(structured_output=False)
-def pid() -> list[TextContent]:
-    """This server's process id."""
-    return [TextContent(type="text", text=str(os.getpid()))]
-
-
-def serve_http(port: int, token: str | None) -> None:
-    """Streamable HTTP on 127.0.0.1:`port` (0: any), the port printed once it accepts; with
-    `token`, a request without `Authorization: Bearer <token>` is refused with 401."""
-    import socket
-
-    import uvicorn
-    from starlette.responses import PlainTextResponse
-
-    mcp_app = app.streamable_http_app()
-
-    async def guarded(scope, receive, send):
-        headers = dict(scope.get("headers") or [])
-        if scope["type"] == "http" and token is not None \
-                and headers.get(b"authorization") != f"Bearer {token}".encode():
-            await PlainTextResponse("no entry", status_code=401)(scope, receive, send)
-            return
-        await mcp_app(scope, receive, send)
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
-    print(f"listening on {sock.getsockname()[1]}", flush=True)
-    uvicorn.Server(uvicorn.Config(guarded, log_level="warning", lifespan="on")).run(sockets=[sock])
-
-
-if __name__ == "__main__":
-    import sys
-
-    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # --http PORT [TOKEN]
-        serve_http(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
-    else:
-        app.run()
-'''
-
 PREFIX = "demo_"
 TOOLS = ("add", "shout", "fail", "slow", "pid")
 ALLOWED = Capability("local", tuple(PREFIX + t for t in TOOLS), (), None)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> StdioServerParameters:
-    path = tmp_path_factory.mktemp("mcp") / "server.py"
-    path.write_text(SERVER)
-    return StdioServerParameters(command=sys.executable, args=[str(path)])
+__all__ = ["SERVER"]  # test_acceptance_kafka's MCP server
 
 
 @pytest.fixture(scope="module")
-def specs(server: StdioServerParameters) -> tuple[ToolSpec, ...]:
+def stdio(tmp_path_factory: pytest.TempPathFactory) -> StdioServerParameters:
+    return stdio_server(tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["stdio", "http"])
+def server(request: pytest.FixtureRequest, stdio: StdioServerParameters,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpServer]:
+    if request.param == "stdio":
+        yield stdio
+    else:
+        for running in http_server(tmp_path_factory):
+            yield running.url
+
+
+@pytest.fixture(scope="module")
+def specs(server: McpServer) -> tuple[ToolSpec, ...]:
     return discover_blocking(server, PREFIX)
 
 
@@ -137,7 +70,7 @@ def clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-def serve(server: StdioServerParameters, specs: tuple[ToolSpec, ...],
+def serve(server: McpServer, specs: tuple[ToolSpec, ...],
           script: Callable[[McpBridge, list[Input]], Awaitable[None]], timeout_s: float = 5.0) -> list[Input]:
     received: list[Input] = []
 
@@ -181,7 +114,7 @@ def test_the_servers_tools_become_prefixed_specs_with_their_schemas(specs: tuple
 
 
 def test_calls_map_results_errors_and_share_one_server_process(
-    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+    server: McpServer, specs: tuple[ToolSpec, ...]
 ) -> None:
     async def script(bridge: McpBridge, out: list[Input]) -> None:
         bridge.submit(dispatch("add", {"a": 2, "b": 40}, "r1"))
@@ -204,7 +137,7 @@ def test_calls_map_results_errors_and_share_one_server_process(
 
 
 def test_a_slow_tool_times_out_and_a_cancelled_call_never_answers(
-    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+    server: McpServer, specs: tuple[ToolSpec, ...]
 ) -> None:
     async def script(bridge: McpBridge, out: list[Input]) -> None:
         bridge.submit(dispatch("slow", {"seconds": 1.5}, "r1"))
@@ -221,7 +154,7 @@ def test_a_slow_tool_times_out_and_a_cancelled_call_never_answers(
 
 
 def test_refusals_and_bad_arguments_do_not_reach_the_server(
-    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+    server: McpServer, specs: tuple[ToolSpec, ...]
 ) -> None:
     async def script(bridge: McpBridge, out: list[Input]) -> None:
         outside = Capability("local", ("echo",), (), None)
@@ -261,16 +194,16 @@ def test_from_env_needs_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_from_env_serves_the_command_line_server(
-    monkeypatch: pytest.MonkeyPatch, server: StdioServerParameters
+    monkeypatch: pytest.MonkeyPatch, stdio: StdioServerParameters
 ) -> None:
-    monkeypatch.setenv("TORPOR_MCP_SERVER", f"{server.command} {server.args[0]}")
+    monkeypatch.setenv("TORPOR_MCP_SERVER", f"{stdio.command} {stdio.args[0]}")
     monkeypatch.setenv("TORPOR_MCP_PREFIX", "env_")
     bridge = from_env(lambda _: None, clock)
     assert {spec.name for spec in bridge.specs} == {"env_" + t for t in TOOLS}
 
 
 def test_discover_blocking_works_inside_a_running_loop(
-    server: StdioServerParameters, specs: tuple[ToolSpec, ...]
+    server: McpServer, specs: tuple[ToolSpec, ...]
 ) -> None:
     async def go() -> tuple[ToolSpec, ...]:
         return discover_blocking(server, PREFIX)
@@ -287,12 +220,12 @@ def test_an_output_schema_without_structured_content_is_an_error() -> None:
     assert not ok and "no structured content" in str(content)
 
 
-def test_an_agent_in_local_mode_uses_the_subprocess_http_and_mcp_tools(server: StdioServerParameters) -> None:
+def test_an_agent_in_local_mode_uses_the_subprocess_http_and_mcp_tools(stdio: StdioServerParameters) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/agent"
-        history = asyncio.run(run_agent(server, url))
+        history = asyncio.run(run_agent(stdio, url))
     finally:
         httpd.shutdown()
         httpd.server_close()
