@@ -19,8 +19,8 @@ outside Faust's transactional mode reads records of aborted transactions
 
 A record whose key or value does not decode is logged (topic, partition, offset, why)
 and skipped, as `ConnectorRuntime` skips an undecodable dispatch: Faust would otherwise
-throw the error into the agent, which crashes and is restarted (and a burst of them
-exceeds the supervisor's restart budget and stops the worker). Faust acks the record
+throw the error into the agent, which crashes and is restarted (and more than 100 such
+records in a second exceed the agent supervisor's restart budget: the worker exits). Faust acks the record
 before it reports the error, so the skip is committed like any processed record.
 """
 
