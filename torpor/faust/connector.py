@@ -41,6 +41,11 @@ journal, not the offset, holds the effect from the moment it is journaled. Appro
 requests, subscriptions and events are not offered to Faust tools (`ConnectorRuntime` and
 `InProcessConnector` serve them); an approval decision is logged and ignored.
 
+A call yielded and never answered stays `dispatched` in the journal: if the agent's loop
+raises, Faust restarts the agent, and that call is settled only at the worker's next start
+(reconciled, or run again). Catch what the tool can raise and `call.fail(why)`, so the
+model hears of it at once. Answering later, from a task of your own, is fine.
+
 `journal_dir` None keeps the journal in memory: no guarantee across a restart (tests).
 One worker process per journal directory. With `concurrency=N` on the agent, the N
 streams share the connector's queue of calls.
@@ -55,7 +60,7 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from faust.types.tuples import FutureMessage
 
@@ -77,7 +82,7 @@ from torpor.streams.partitioner import partition_for
 log = logging.getLogger(__name__)
 
 # How long start-up waits for the `inputs` metadata and for the manifests' delivery.
-START_SECONDS = 10.0
+START_SECONDS: Final = 10.0
 
 Reconciler = Callable[["ToolCall"], object | None]
 """Asked after a crash: the call's result if its effect happened, None to run it again."""
