@@ -81,10 +81,14 @@ def already_written(call: ToolCall) -> str | None:
 async def serve(dispatches: faust.StreamT[Dispatch]) -> None:
     async for call in effect.calls(dispatches):
         note = str(call.arguments.get("note", ""))
-        with EFFECTS.open("a") as out:  # the effect, durable before it is answered
-            out.write(f"{call.request_id} {note}\n")
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            with EFFECTS.open("a") as out:  # the effect, durable before it is answered
+                out.write(f"{call.request_id} {note}\n")
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as error:  # answered now, rather than at the worker's next start
+            call.fail(f"could not write the note: {error}")
+            continue
         call.answer(f"wrote {note!r}")
 
 
