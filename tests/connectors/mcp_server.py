@@ -118,9 +118,13 @@ class HttpServerProcess:
         self.port = int(line.split()[-1])
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
     def refuses_connections(self) -> bool:
         try:
