@@ -19,8 +19,10 @@ Contract::
 must perform, with the guarantees of `ConnectorRuntime`, because it is the same code
 (`connectors.intake.JournaledIntake` over `connectors.journal.EffectJournal`):
 
-- before the first dispatch is taken: the `inputs` partition count is read, the tools'
-  manifests are published to `toolsets`, and the journal is recovered. A finished but
+- before the first dispatch is taken: it waits for Torpor's topics, saying so once
+  (`wait_for_topics=False`: `MissingTopicsError` naming them, in one line), reads the
+  `inputs` partition count, publishes the tools' manifests to `toolsets`, and recovers
+  the journal. A finished but
   undelivered answer is re-sent; an effect that was running when the previous worker died
   is `unknown`: the reconciler is asked whether it happened (its non-None return is the
   answer) and, if not, the call is yielded again (a re-run);
@@ -76,12 +78,13 @@ from torpor.schemas.errors import ConfigError
 from torpor.schemas.records import Dispatch, Input, ToolSpec
 from torpor.schemas.signer import Signer
 from torpor.streams.clients import make_producer
-from torpor.streams.errors import translate
 from torpor.streams.partitioner import partition_for
+from torpor.streams.topicwait import PAUSE_S as TOPIC_PAUSE_S
+from torpor.streams.topicwait import TopicWait
 
 log = logging.getLogger(__name__)
 
-# How long start-up waits for the `inputs` metadata and for the manifests' delivery.
+# How long start-up waits for the manifests' delivery.
 START_SECONDS: Final = 10.0
 
 Reconciler = Callable[["ToolCall"], object | None]
@@ -157,11 +160,13 @@ class FaustConnector:
 
     def __init__(self, app: App, *, name: str, specs: Sequence[ToolSpec], journal_dir: Path | None,
                  signer: Signer | None, retention_ms: int = DEFAULT_RETENTION_MS,
-                 clock: Callable[[], int] = now_ms, topics: TorporTopics | None = None) -> None:
+                 clock: Callable[[], int] = now_ms, topics: TorporTopics | None = None,
+                 wait_for_topics: bool = True) -> None:
         self.topics = topics or TorporTopics.of(app)
         self.outbox = self.topics.outbox
         self._app = app
         self._journal_dir = journal_dir
+        self._waits_for_topics = wait_for_topics
         self._signer = signer
         self._retention_ms = retention_ms
         self._clock = clock
@@ -205,7 +210,7 @@ class FaustConnector:
         async with self._starting:  # several streams (agent concurrency) start it once
             if self._intake is not None:
                 return
-            self._partitions = await asyncio.to_thread(self._publish_and_measure)
+            self._partitions = await self._wait_for_topics()
             try:
                 journal = EffectJournal(self._journal_dir)
             except Exception as error:  # rocksdict raises a bare Exception for a locked directory
@@ -219,21 +224,21 @@ class FaustConnector:
                 produce=self._produce, retention_ms=self._retention_ms)
             self._intake.recover(self._queue)
 
-    def _publish_and_measure(self) -> int:
-        """Publish the manifests; return the partition count of `inputs` (blocking: a thread)."""
-        settings = self._app.torpor_settings
+    async def _wait_for_topics(self) -> int:
+        """Wait for the topics (saying so once, as `ConnectorRuntime` does), publish the
+        manifests; return the partition count of `inputs`. Blocking calls run in a thread."""
         names = self.topics.names
+        settings = self._app.torpor_settings
         producer = make_producer(settings)
-        metadata = producer.list_topics(names.inputs, timeout=START_SECONDS).topics[names.inputs]
-        if metadata.error is not None:
-            error = translate(metadata.error, operation=f"metadata of {names.inputs}")
-            raise ConfigError(f"{self.source} cannot start: {error} (`torpor topics create` makes "
-                              "Torpor's topics)")
+        wait = TopicWait(producer, (names.outbox, names.inputs, names.toolsets),
+                         settings.kafka.bootstrap_servers, wait=self._waits_for_topics)
+        while (found := await asyncio.to_thread(wait.check)) is None:
+            await asyncio.sleep(TOPIC_PAUSE_S)
         publish_manifest(producer, names.toolsets, self._queue.specs, source=self.source)
-        if producer.flush(START_SECONDS) > 0:
+        if await asyncio.to_thread(producer.flush, START_SECONDS) > 0:
             log.warning("the toolset manifests of %s were not delivered in %.0f s",
                         self.source, START_SECONDS)
-        return len(metadata.partitions)
+        return found[names.inputs]
 
     # --- answers -----------------------------------------------------------------------
 
