@@ -38,6 +38,8 @@ MEASURED_COLUMNS: Final = (
     "expected_completions",
     "seconds",
     "completions_per_s",
+    "cpu_seconds",
+    "cpu_us_per_completion",
     "rss_slope_kib_per_agent",
     "idle_agents_in_8gb",
     "store_bytes_per_agent",
@@ -66,8 +68,13 @@ def summarize(
     completions: int,
     seconds: float,
     rows: Sequence[WaveRow],
+    cpu_seconds: float,
 ) -> dict[str, object]:
-    """The summary of a run of `rows` (`RUN_COLUMNS` and `MEASURED_COLUMNS`)."""
+    """The summary of a run of `rows` (`RUN_COLUMNS` and `MEASURED_COLUMNS`).
+
+    `cpu_seconds`: user + system CPU time of the processes that ran Torpor over the same
+    window as `seconds` (not the broker's): on a shared machine the wall-clock rate moves
+    with the load, the CPU per completion much less."""
     xs = [float(r["agents"]) for r in rows]
     per_agent = slope(xs, [float(r["rss_bytes"]) for r in rows])
     store = float(rows[-1]["store_bytes"]) / agents if rows else 0.0
@@ -81,6 +88,8 @@ def summarize(
         "expected_completions": agents * turns * 2,
         "seconds": round(seconds, 3),
         "completions_per_s": round(completions / seconds, 1) if seconds else 0.0,
+        "cpu_seconds": round(cpu_seconds, 3),
+        "cpu_us_per_completion": round(cpu_seconds / completions * 1e6, 1) if completions else "",
         "rss_slope_kib_per_agent": "" if per_agent is None else round(per_agent / 1024, 3),
         "idle_agents_in_8gb": "" if idle is None else idle,
         "store_bytes_per_agent": round(store, 1),
@@ -94,6 +103,7 @@ def report(summary: Mapping[str, object]) -> None:
         f"(expected {summary['expected_completions']}) in {summary['seconds']}s = "
         f"{summary['completions_per_s']} completions/s"
     )
+    print(f"  CPU: {summary['cpu_seconds']}s = {summary['cpu_us_per_completion']} us per completion")
     print(
         f"  resident memory slope: {summary['rss_slope_kib_per_agent']} KiB per idle agent "
         f"-> {summary['idle_agents_in_8gb']} idle agents in 8 GB"

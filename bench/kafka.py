@@ -34,7 +34,7 @@ from typing import Final
 from confluent_kafka import Consumer, Producer
 
 from bench import figures, passthrough
-from bench.measure import dir_bytes, rss_bytes
+from bench.measure import cpu_seconds, dir_bytes, rss_bytes
 from bench.topics import create_topics, delete_topics, read_topic
 from bench.workload import (
     ARGUMENTS,
@@ -62,13 +62,30 @@ SUMMARY_COLUMNS: Final = (
     *figures.RUN_COLUMNS,
     "partitions",
     *figures.MEASURED_COLUMNS,
+    "processor_cpu_seconds",
     "changelog_bytes_per_agent",
     "checkpoint_records",
     "passthrough_seconds",
     "passthrough_completions_per_s",
+    "passthrough_cpu_us_per_completion",
     "ratio_to_passthrough",
 )
 TURN_TIMEOUT_S: Final = 600.0
+SETTLE_TIMEOUT_S: Final = 60.0
+
+
+def settle(pids: list[int]) -> None:
+    """Wait until the processes have finished starting (their CPU time stops rising for
+    half a second, or `SETTLE_TIMEOUT_S` passed), so their imports and start-up are not
+    counted as CPU spent on the workload."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    last = sum(cpu_seconds(p) for p in pids)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = sum(cpu_seconds(p) for p in pids)
+        if now - last < 0.02:
+            return
+        last = now
 
 
 def script(turns: int) -> str:
@@ -186,7 +203,7 @@ def run(
             ],
             "processor",
         )
-        start(
+        connector = start(
             [
                 TORPOR,
                 "connector",
@@ -220,6 +237,8 @@ def run(
                 producer.poll(0)
             producer.flush(60)
 
+        settle([processor.pid, connector.pid])
+        cpu_started = (cpu_seconds(processor.pid), cpu_seconds(connector.pid))
         started = time.perf_counter()
         for first in range(0, agents, wave):
             ids = [agent_id(i) for i in range(first, min(agents, first + wave))]
@@ -241,6 +260,8 @@ def run(
                 flush=True,
             )
         seconds = time.perf_counter() - started
+        processor_cpu = cpu_seconds(processor.pid) - cpu_started[0]
+        cpu = processor_cpu + cpu_seconds(connector.pid) - cpu_started[1]  # not the broker's
         receipts.close()
         for process in processes:
             process.send_signal(signal.SIGTERM)
@@ -252,7 +273,7 @@ def run(
         for _, _, value in inputs:
             body = decode_value(value, Input).body
             completions += isinstance(body, Completion) and body.error is None
-        summary = figures.summarize("kafka", agents, turns, wave, completions, seconds, rows)
+        summary = figures.summarize("kafka", agents, turns, wave, completions, seconds, rows, cpu)
         outputs: dict[str, list[tuple[int, int]]] = defaultdict(list)
         changelog_bytes = 0
         checkpoint_records = 0  # one per partition a transaction covered: how finely commits cut
@@ -274,6 +295,7 @@ def run(
             producer.poll(0)
         producer.flush(120)
         config = ProcessorConfig(instance="unused", store_dir=work)
+        pt_cpu = cpu_seconds()  # the pass-through runs in this process, librdkafka's threads too
         pt_seconds = passthrough.run(
             settings,
             pt_topics[0],
@@ -281,15 +303,19 @@ def run(
             commit_interval=config.commit_interval,
             commit_every=config.commit_every,
         )
+        pt_cpu = cpu_seconds() - pt_cpu
         pt_rate = completions / pt_seconds if pt_seconds else 0.0
+        pt_cpu_each = round(pt_cpu / completions * 1e6, 1) if completions else ""
         rate = float(summary["completions_per_s"])  # type: ignore[arg-type]
         summary.update(
             {
                 "partitions": partitions,
+                "processor_cpu_seconds": round(processor_cpu, 3),
                 "changelog_bytes_per_agent": round(changelog_bytes / agents, 1),
                 "checkpoint_records": checkpoint_records,
                 "passthrough_seconds": round(pt_seconds, 3),
                 "passthrough_completions_per_s": round(pt_rate, 1),
+                "passthrough_cpu_us_per_completion": pt_cpu_each,
                 "ratio_to_passthrough": round(rate / pt_rate, 3) if pt_rate else "",
             }
         )

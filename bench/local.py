@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from bench import figures
-from bench.measure import dir_bytes, rss_bytes
+from bench.measure import cpu_seconds, dir_bytes, rss_bytes
 from bench.retention import RetainedLog
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms, tune_collector
@@ -57,7 +57,7 @@ async def run(
     counter = Counter()
     runtime.observers.append(counter.observe)
     rows: list[figures.WaveRow] = []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), cpu_seconds()
     try:
         for first in range(0, agents, wave):
             ids = [agent_id(i) for i in range(first, min(agents, first + wave))]
@@ -79,10 +79,12 @@ async def run(
                 f"({done / seconds:,.0f}/s), rss {rows[-1]['rss_bytes'] / 2**20:.1f} MiB",
                 flush=True,
             )
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu_started
     finally:
         await runtime.close()
-    return rows, figures.summarize("local", agents, turns, wave, counter.completions, seconds, rows)
+    # The CPU includes the driver (this process sends the inputs and samples after each
+    # wave: trimming the log, gc.collect(), walking the store directory).
+    return rows, figures.summarize("local", agents, turns, wave, counter.completions, seconds, rows, cpu)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """What the benchmarks share: resident memory, disk usage, the least-squares slope, CSV, plot.
 
 Contract. `rss_bytes(pid)` is the resident set size of a process (psutil);
+`cpu_seconds(pid)` is its user + system CPU time so far (not its children's);
 `dir_bytes(path)` sums the sizes of the files under a directory; `slope(xs, ys)` is the
 least-squares slope (None with fewer than two distinct x); `write_csv` writes rows of
 dicts with a fixed column order; `plot_rss` writes a PNG of resident memory against
@@ -22,6 +23,11 @@ EIGHT_GB: Final = 8 * 1024**3
 
 def rss_bytes(pid: int | None = None) -> int:
     return int(psutil.Process(pid or os.getpid()).memory_info().rss)
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    times = psutil.Process(pid or os.getpid()).cpu_times()
+    return float(times.user + times.system)
 
 
 def dir_bytes(path: Path) -> int:

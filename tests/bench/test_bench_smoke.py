@@ -82,3 +82,30 @@ def test_apportion_hands_out_every_output_once_and_evenly() -> None:
     flat = [o for share in shares for o in share]
     assert sorted(flat) == sorted([("a", 1, 10)] * 7 + [("b", 2, 20)] * 3)
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def _table_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("| ")]
+
+
+def test_all_benchmark_prints_one_table_for_the_local_mode(tmp_path: Path) -> None:
+    done = _run("bench.all", tmp_path, "--modes", "local")
+    assert done.returncode == 0, done.stdout + done.stderr
+    header, *rows = _table_lines(done.stdout)
+    assert header.startswith("| run | completions/s | CPU us per completion")
+    assert [row.split(" | ")[0] for row in rows] == ["| local"]
+    assert float(rows[0].split(" | ")[2]) > 0  # CPU per completion was measured
+    assert "load average" in done.stdout
+
+
+@pytest.mark.kafka
+def test_all_benchmark_prints_local_kafka_and_passthrough_in_one_table(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    done = _run("bench.all", tmp_path, "--bootstrap", kafka_bootstrap, "--partitions", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, *rows = _table_lines(done.stdout)
+    cells = [row.strip("| ").split(" | ") for row in rows]
+    assert [c[0] for c in cells] == ["local", "kafka (exactly-once)", "raw EOS pass-through"]
+    assert all(float(c[1]) > 0 and float(c[2]) > 0 for c in cells)
+    assert float(cells[1][4]) > 0  # the ratio to the pass-through
