@@ -140,3 +140,18 @@ def test_a_state_written_field_by_field_is_the_one_sorted_dump_of_it(choices: li
         assert encode_state(state) == whole == encode_state(state)
     unicode = dataclasses.replace(a_state()[1], park_reason="zu groß \u2028 \"quoted\" \\", turns=-3)
     assert encode_state(unicode) == statecodec._dumps(statecodec._record_to(unicode)).encode()
+
+
+def test_a_state_drafted_from_the_last_one_written_reuses_its_pieces_and_writes_the_same_bytes() -> None:
+    # encode_state re-encodes only the fields whose value is not the very object the thread's
+    # last encoded state held; what it writes must still be the one sorted dump.
+    _, state = a_state()
+    encode_state(state)
+    call = PendingCall("c1", "search", "{}", False, CallKind.TOOL, "r1", 5, 0)
+    following = dataclasses.replace(state, pending_calls=(call,), turns=state.turns + 1, park_reason="p")
+    earlier = statecodec._STATES.pieces(state.thread_id)
+    assert earlier is not None and earlier[0] is state
+    assert encode_state(following) == statecodec._dumps(statecodec._record_to(following)).encode()
+    # Back to the first state's values through other objects: the pieces follow the values.
+    again = dataclasses.replace(following, pending_calls=(), turns=state.turns, park_reason=None)
+    assert encode_state(again) == statecodec.encode(state)

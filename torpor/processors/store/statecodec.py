@@ -227,14 +227,33 @@ def encode(value: object) -> bytes:
     (`_composite_text`), so the config, the call lists and the held inputs a state shares
     with its predecessor are not serialised again at every input.
     """
-    cls: type = type(value)
+    return _joined(_parts(value, None))
+
+
+_Parts = tuple[str, ...]
+"""A record's `"name":text` pieces, one per field in sorted order: `_joined` makes its bytes."""
+
+
+def _parts(value: object, earlier: tuple[object, _Parts] | None) -> _Parts:
+    """The pieces of `value`; a field whose value is the very object `earlier`'s record held
+    reuses `earlier`'s piece. Values are immutable (frozen records, tuples, str, int), so
+    the same object writes the same text: a state drafted from the one before it (`Draft`
+    copies references) re-encodes only the fields its input changed."""
+    plan = _text_plan(type(value))
+    previous, pieces = earlier if earlier is not None else (None, ())
     parts = []
-    for name, prefix, to, composite in _text_plan(cls):
+    for index, (name, prefix, to, composite) in enumerate(plan):
         field_value = getattr(value, name)
-        if composite and field_value is not None:
+        if previous is not None and getattr(previous, name) is field_value:
+            parts.append(pieces[index])
+        elif composite and field_value is not None:
             parts.append(prefix + _composite_text(field_value, to))
         else:
             parts.append(prefix + _scalar_text(to(field_value)))
+    return tuple(parts)
+
+
+def _joined(parts: _Parts) -> bytes:
     return ("{" + ",".join(parts) + "}").encode()
 
 
@@ -279,15 +298,20 @@ class _Latest:
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._by_thread: dict[str, tuple[bytes, ThreadState]] = {}
+        self._by_thread: dict[str, tuple[bytes, ThreadState, _Parts | None]] = {}
 
     def get(self, thread_id: str, raw: bytes) -> ThreadState | None:
         hit = self._by_thread.get(thread_id)
         return hit[1] if hit is not None and hit[0] == raw else None
 
-    def put(self, thread_id: str, raw: bytes, state: ThreadState) -> None:
+    def pieces(self, thread_id: str) -> tuple[ThreadState, _Parts] | None:
+        """The thread's latest state with its encoded pieces, if it was encoded here."""
+        hit = self._by_thread.get(thread_id)
+        return None if hit is None or hit[2] is None else (hit[1], hit[2])
+
+    def put(self, thread_id: str, raw: bytes, state: ThreadState, parts: _Parts | None = None) -> None:
         self._by_thread.pop(thread_id, None)  # re-inserted last: evicted last
-        self._by_thread[thread_id] = (raw, state)
+        self._by_thread[thread_id] = (raw, state, parts)
         while len(self._by_thread) > self._capacity:
             try:
                 self._by_thread.pop(next(iter(self._by_thread)), None)
@@ -306,10 +330,13 @@ def encode_state(state: ThreadState) -> bytes:
     """The state row's bytes; the pair is remembered, so the next read of the row is a hit.
 
     The step writes a state and the next input of the thread (or the model stage) reads
-    it back: without this every such read was a miss and a full JSON decode.
+    it back: without this every such read was a miss and a full JSON decode. The pieces
+    are remembered too: the thread's next state, drafted from this one, re-encodes only
+    the fields that changed (`_parts`; the bytes are the same as `encode`'s).
     """
-    raw = encode(state)
-    _STATES.put(state.thread_id, raw, state)
+    parts = _parts(state, _STATES.pieces(state.thread_id))
+    raw = _joined(parts)
+    _STATES.put(state.thread_id, raw, state, parts)
     return raw
 
 
