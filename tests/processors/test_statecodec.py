@@ -150,7 +150,7 @@ def test_a_state_drafted_from_the_last_one_written_reuses_its_pieces_and_writes_
     call = PendingCall("c1", "search", "{}", False, CallKind.TOOL, "r1", 5, 0)
     following = dataclasses.replace(state, pending_calls=(call,), turns=state.turns + 1, park_reason="p")
     earlier = statecodec._STATES.pieces(state.thread_id)
-    assert earlier is not None and earlier[0] is state
+    assert earlier is not None and earlier[0][0] is state.answered_calls  # sorted: answered_calls first
     assert encode_state(following) == statecodec._dumps(statecodec._record_to(following)).encode()
     # Back to the first state's values through other objects: the pieces follow the values.
     again = dataclasses.replace(following, pending_calls=(), turns=state.turns, park_reason=None)

@@ -36,6 +36,7 @@ import base64
 import dataclasses
 import functools
 import json
+import operator
 import types
 import typing
 from collections import OrderedDict
@@ -227,30 +228,39 @@ def encode(value: object) -> bytes:
     (`_composite_text`), so the config, the call lists and the held inputs a state shares
     with its predecessor are not serialised again at every input.
     """
-    return _joined(_parts(value, None))
+    return _joined(_parts(value, None)[1])
 
 
 _Parts = tuple[str, ...]
 """A record's `"name":text` pieces, one per field in sorted order: `_joined` makes its bytes."""
+_Values = tuple[object, ...]
+"""A record's field values in the same order (`_values_of`): what its pieces were written from."""
 
 
-def _parts(value: object, earlier: tuple[object, _Parts] | None) -> _Parts:
-    """The pieces of `value`; a field whose value is the very object `earlier`'s record held
-    reuses `earlier`'s piece. Values are immutable (frozen records, tuples, str, int), so
-    the same object writes the same text: a state drafted from the one before it (`Draft`
-    copies references) re-encodes only the fields its input changed."""
-    plan = _text_plan(type(value))
-    previous, pieces = earlier if earlier is not None else (None, ())
+@functools.cache
+def _values_of(cls: type) -> Callable[[object], _Values]:
+    """One C call that reads every field of a `cls` record, in `_text_plan` order."""
+    return operator.attrgetter(*(name for name, _, _, _ in _text_plan(cls)))
+
+
+def _parts(value: object, earlier: tuple[_Values, _Parts] | None) -> tuple[_Values, _Parts]:
+    """The field values and pieces of `value`; a field whose value is the very object
+    `earlier`'s record held reuses `earlier`'s piece. Values are immutable (frozen records,
+    tuples, str, int), so the same object writes the same text: a state drafted from the
+    one before it (`Draft` copies references) re-encodes only the fields its input changed."""
+    cls: type = type(value)
+    values: _Values = _values_of(cls)(value)
+    previous, pieces = earlier if earlier is not None else ((), ())
     parts = []
-    for index, (name, prefix, to, composite) in enumerate(plan):
-        field_value = getattr(value, name)
-        if previous is not None and getattr(previous, name) is field_value:
+    for index, (_, prefix, to, composite) in enumerate(_text_plan(cls)):
+        field_value = values[index]
+        if previous and previous[index] is field_value:
             parts.append(pieces[index])
         elif composite and field_value is not None:
             parts.append(prefix + _composite_text(field_value, to))
         else:
             parts.append(prefix + _scalar_text(to(field_value)))
-    return tuple(parts)
+    return values, tuple(parts)
 
 
 def _joined(parts: _Parts) -> bytes:
@@ -298,18 +308,19 @@ class _Latest:
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._by_thread: dict[str, tuple[bytes, ThreadState, _Parts | None]] = {}
+        self._by_thread: dict[str, tuple[bytes, ThreadState, tuple[_Values, _Parts] | None]] = {}
 
     def get(self, thread_id: str, raw: bytes) -> ThreadState | None:
         hit = self._by_thread.get(thread_id)
         return hit[1] if hit is not None and hit[0] == raw else None
 
-    def pieces(self, thread_id: str) -> tuple[ThreadState, _Parts] | None:
-        """The thread's latest state with its encoded pieces, if it was encoded here."""
+    def pieces(self, thread_id: str) -> tuple[_Values, _Parts] | None:
+        """The field values and encoded pieces of the thread's latest state, if encoded here."""
         hit = self._by_thread.get(thread_id)
-        return None if hit is None or hit[2] is None else (hit[1], hit[2])
+        return None if hit is None else hit[2]
 
-    def put(self, thread_id: str, raw: bytes, state: ThreadState, parts: _Parts | None = None) -> None:
+    def put(self, thread_id: str, raw: bytes, state: ThreadState,
+            parts: tuple[_Values, _Parts] | None = None) -> None:
         self._by_thread.pop(thread_id, None)  # re-inserted last: evicted last
         self._by_thread[thread_id] = (raw, state, parts)
         while len(self._by_thread) > self._capacity:
@@ -335,7 +346,7 @@ def encode_state(state: ThreadState) -> bytes:
     the fields that changed (`_parts`; the bytes are the same as `encode`'s).
     """
     parts = _parts(state, _STATES.pieces(state.thread_id))
-    raw = _joined(parts)
+    raw = _joined(parts[1])
     _STATES.put(state.thread_id, raw, state, parts)
     return raw
 
