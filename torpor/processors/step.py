@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, assert_never
@@ -72,7 +73,7 @@ from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
 from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state
-from torpor.processors.store.tables import is_seen, load_state, visible_entries, with_sender
+from torpor.processors.store.tables import is_seen_in, load_state, visible_entries, with_sender
 from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
@@ -270,15 +271,16 @@ def _fold_one(
         try:
             state = load_state(scratch, item.thread_id)
             verdict = judge.verify(item, state, record.appended_at)
+            seen_row = scratch.get(keys.seen_key(item.thread_id, item.message_id))
             facts = Facts(
-                seen=is_seen(scratch, item.thread_id, item.message_id, sender),
+                seen=is_seen_in(seen_row, sender),
                 provenance=verdict.provenance,
                 provenance_reason=verdict.reason,
                 attempt=attempt,
                 default_config=default_config,
             )
             transition = fold(state, item, facts)
-            _interpret(scratch, record, sender, state, transition, mark)
+            _interpret(scratch, record, sender, state, transition, mark, seen_row, seen_read=True)
             too_large = _size_problem(scratch, item.thread_id, mark)
         except Exception as exc:  # any bug in the fold or the shell: bounded, then parked
             error = f"{type(exc).__name__}: {exc}"
@@ -344,12 +346,18 @@ def _merge(out: _Collected, mark: _Collected) -> None:
 
 def _interpret(
     rows: Overlay, record: StepRecord, sender: bytes, before: ThreadState | None, transition: Transition,
-    out: _Collected,
+    out: _Collected, seen_row: bytes | None = None, *, seen_read: bool = False,
 ) -> None:
-    """Turn one transition into writes on `rows` and records in `out`."""
+    """Turn one transition into writes on `rows` and records in `out`.
+
+    `seen_read`: `seen_row` is the input's seen row as read before folding (None: there
+    was none), so remembering the input does not read it again (unless the thread was
+    deleted meanwhile)."""
     thread_id = record.input.thread_id
+    known_seen = seen_read
     if transition.state is None and before is not None:
         # The thread is deleted: tombstone every row it had (the changelog mirrors them).
+        known_seen = False
         for key, _ in list(rows.iterate(keys.thread_prefix(thread_id))):
             rows.delete(key)
     requested: RequestCompletion | None = None
@@ -362,6 +370,7 @@ def _interpret(
                     rows.put(keys.summary_key(thread_id), keys.encode_seq(entry.seq))
             case RememberInput(message_id=message_id):
                 remember = keys.seen_key(thread_id, message_id)
+                known_seen = known_seen and message_id == record.input.message_id
             case SpawnChild():
                 out.loopbacks.append(_creation(rows, thread_id, effect))
             case Loopback(input=loopback):
@@ -371,9 +380,7 @@ def _interpret(
             case EmitEvent(event=event):
                 out.events.append(event)
             case EmitReceipt(receipt=receipt):
-                out.receipts.append(
-                    dataclasses.replace(receipt, input_partition=record.partition, input_offset=record.offset)
-                )
+                out.receipts.append(_placed(receipt, record.partition, record.offset))
             case RequestCompletion():
                 requested = effect
                 out.completions.append(effect)
@@ -382,8 +389,26 @@ def _interpret(
     if not out.receipts:
         raise RuntimeError(f"the fold returned no receipt for input {record.input.message_id}")
     if remember is not None:
-        rows.put(remember, with_sender(rows.get(remember), sender))
+        rows.put(remember, with_sender(seen_row if known_seen else rows.get(remember), sender))
     _write_state(rows, thread_id, transition.state, requested)
+
+
+_RECEIPT_SLOTS: Final[dict[str, types.MemberDescriptorType]] = {
+    f.name: getattr(Receipt, f.name) for f in dataclasses.fields(Receipt)}
+_PARTITION: Final = _RECEIPT_SLOTS["input_partition"]
+_OFFSET: Final = _RECEIPT_SLOTS["input_offset"]
+
+
+def _placed(receipt: Receipt, partition: int | None, offset: int | None) -> Receipt:
+    """`receipt` with where its input was read: `dataclasses.replace` without re-running the
+    17-field `__init__` (it cost as much as building the receipt). A new frozen value; the
+    fold's receipt is untouched."""
+    copy = object.__new__(Receipt)
+    for slot in _RECEIPT_SLOTS.values():
+        slot.__set__(copy, slot.__get__(receipt))
+    _PARTITION.__set__(copy, partition)
+    _OFFSET.__set__(copy, offset)
+    return copy
 
 
 def _write_state(

@@ -25,6 +25,7 @@ changelog restores exactly this layout.
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Final
 
@@ -44,6 +45,7 @@ META_CHANGELOG_OFFSET: Final = b"changelog_offset"
 META_INPUT_OFFSET: Final = b"input_offset"
 
 
+@functools.lru_cache(maxsize=4096)  # several keys per input for the same thread; bounded, not per agent
 def thread_prefix(thread_id: str) -> bytes:
     """`len(thread)|thread`: every row of `thread_id` starts with it, and no other row does."""
     if not thread_id:

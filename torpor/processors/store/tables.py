@@ -46,7 +46,11 @@ def is_seen(store: Store, thread_id: str, message_id: str, sender: bytes) -> boo
     then a copy is a duplicate. From another sender it is not (finding F4: a stranger's
     input must not use up the id of a genuine one). An empty row, written before senders
     were kept, matches any sender."""
-    row = store.get(keys.seen_key(thread_id, message_id))
+    return is_seen_in(store.get(keys.seen_key(thread_id, message_id)), sender)
+
+
+def is_seen_in(row: bytes | None, sender: bytes) -> bool:
+    """`is_seen` on the seen row already read (None: there is none)."""
     return row is not None and (row == b"" or _remembers(row, sender))
 
 
