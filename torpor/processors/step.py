@@ -50,6 +50,7 @@ when a key ring is configured.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import types
@@ -230,7 +231,12 @@ def sender_digest(input: Input) -> bytes:
     id is a duplicate, whatever else differs (a fresh `created_at`, a new signature); an
     input from another sender with that id is judged on its own (finding F4). Inputs
     refused for their provenance are never remembered, so a forger cannot claim a sender."""
-    return hashlib.sha256(f"{input.source}\0{input.key_id or ''}".encode()).digest()[:16]
+    return _digest(input.source, input.key_id)
+
+
+@functools.lru_cache(maxsize=1024)  # a few senders (processor, connectors, gateways) send most inputs
+def _digest(source: str, key_id: str | None) -> bytes:
+    return hashlib.sha256(f"{source}\0{key_id or ''}".encode()).digest()[:16]
 
 
 def _shown(value: str | bytes) -> str:

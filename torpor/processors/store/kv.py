@@ -293,7 +293,16 @@ class Overlay:
     def commit(self, offsets: StoreOffsets | None = None) -> tuple[Change, ...]:
         """Apply the pending writes (and `offsets`) to the store in one batch; return them."""
         changes = self.changes()
-        self.store.apply(changes, offsets)
+        below = self.store
+        if type(below) is Overlay and offsets is None:
+            # One input's overlay into its checkpoint's (`step`, per input): the same staging
+            # as `Overlay.apply`, without a call per row.
+            pending = below._pending
+            for key, value in changes:
+                pending.pop(key, None)  # re-insert: the order is that of the last write
+                pending[key] = value
+        else:
+            below.apply(changes, offsets)
         self._pending.clear()
         return changes
 
