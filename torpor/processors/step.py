@@ -263,12 +263,6 @@ def _fold_one(
     out: _Collected,
 ) -> None:
     item = record.input
-    where: dict[str, object] = {
-        "thread_id": item.thread_id,
-        "partition": record.partition,
-        "offset": record.offset,
-        "message_id": item.message_id,
-    }
     error = "unknown"
     sender = sender_digest(item)
     for attempt in range(max_attempts):
@@ -290,18 +284,19 @@ def _fold_one(
             too_large = _size_problem(scratch, item.thread_id, mark)
         except Exception as exc:  # any bug in the fold or the shell: bounded, then parked
             error = f"{type(exc).__name__}: {exc}"
-            log.warning("fold failed (attempt %d of %d): %s", attempt + 1, max_attempts, error, extra=where)
+            log.warning("fold failed (attempt %d of %d): %s", attempt + 1, max_attempts, error,
+                        extra=_where(record))
             continue
         if too_large is not None:  # its writes are dropped with `scratch`
             receipt = refuse_whole(state, item, facts, TOO_LARGE, too_large)
             out.receipts.append(dataclasses.replace(receipt, input_partition=record.partition,
                                                     input_offset=record.offset))
-            log.warning("input refused: %s", too_large, extra={**where, "disposition": TOO_LARGE})
+            log.warning("input refused: %s", too_large, extra={**_where(record), "disposition": TOO_LARGE})
             return
         scratch.commit()
         _merge(out, mark)
         if log.isEnabledFor(logging.DEBUG):  # not worth a dict per input when nobody listens
-            log.debug("folded", extra={**where, "disposition": mark.receipts[-1].disposition})
+            log.debug("folded", extra={**_where(record), "disposition": mark.receipts[-1].disposition})
         return
     # Bounded retries are spent: park the thread loudly through the fold's own last resort.
     out.parked.append(ParkedInput(record, error, max_attempts))
@@ -313,15 +308,23 @@ def _fold_one(
         _interpret(scratch, record, sender, state, transition, mark)
     except Exception as exc:  # not even parking works: a receipt without the state, and go on
         log.error("parking the thread failed too: %s: %s", type(exc).__name__, exc,
-                  extra={**where, "disposition": PARKED})
+                  extra={**_where(record), "disposition": PARKED})
         _refuse(record, PARKED, f"failed after {max_attempts} attempts: {error}; and parking the "
                                 f"thread failed too: {type(exc).__name__}: {exc}", out)
         return
     scratch.commit()
     _merge(out, mark)
     log.error(
-        "input parked after %d attempts: %s", max_attempts, error, extra={**where, "disposition": "parked"}
+        "input parked after %d attempts: %s", max_attempts, error,
+        extra={**_where(record), "disposition": "parked"},
     )
+
+
+def _where(record: StepRecord) -> dict[str, object]:
+    """The log fields of `record` (built only when a line is logged: not worth a dict per input)."""
+    item = record.input
+    return {"thread_id": item.thread_id, "partition": record.partition, "offset": record.offset,
+            "message_id": item.message_id}
 
 
 def _size_problem(rows: Overlay, thread_id: str, out: _Collected) -> str | None:

@@ -215,13 +215,11 @@ def _finish(draft: Draft, before: ThreadState | None, disposition: str) -> Trans
     after: ThreadState | None = None if draft.deleted else draft.state
     if after is not None and (before is None or draft.is_changed_from(before)):
         after = draft.replace(version=(before.version if before else 0) + 1)
-    effects = list(draft.effects)
-    effects.append(RememberInput(draft.origin.message_id))
     receipt = build_receipt(draft.origin, draft.facts, disposition, draft.reason, before, after,
                             tuple(draft.tool_request_ids), draft.turn_commit)
     if draft.deleted:
         receipt = dataclasses.replace(receipt, history_after=GENESIS_HEAD)
-    return Transition(after, (*effects, EmitReceipt(receipt)))
+    return Transition(after, (*draft.effects, RememberInput(draft.origin.message_id), EmitReceipt(receipt)))
 
 
 def _fold_absent(input: Input, facts: Facts) -> Transition:
