@@ -197,3 +197,14 @@ def test_a_connector_killed_inside_a_group_keeps_every_write_of_it(tmp_path: Pat
     recovered = journal.recover(3)
     assert sorted(e.request_id for e in recovered) == ["rq1", "rq2"]
     journal.close()
+
+
+def test_an_effect_served_from_memory_is_the_one_its_row_decodes_to(tmp_path: Path) -> None:
+    journal = EffectJournal(tmp_path / "journal")
+    journal.begin(dispatch(), 1)
+    journal.finish("rq1", answer(), 2)
+    journal.delivered("rq1", 3)
+    remembered = journal.entry("rq1")
+    journal.close()
+    assert remembered == EffectJournal(tmp_path / "journal").entry("rq1")
+    assert remembered is not None and remembered.state == EffectState.DELIVERED

@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import enum
 import json
+from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,8 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from torpor.schemas.codec import decode_value, encode_value
 from torpor.schemas.records import Dispatch, Input
 
+KNOWN_EFFECTS: Final = 4096
+"""Effects kept in memory after they were written (`EffectJournal._known`): a few batches of calls."""
 _EFFECT: Final = b"e/"  # e/<request id> -> the effect, JSON
 _CALL: Final = b"c/"  # c/<thread id>\0<call id> -> the request id of the call's latest invoke
 
@@ -93,6 +96,11 @@ class EffectJournal:
         self._grouped = 0  # depth of `group()` blocks: inside one, writes wait for its sync
         self._unsynced = False  # a write inside the group is not synced yet
         self.syncs = 0  # synced writes so far (what group commit saves; read by tests and benchmarks)
+        # The effects this process wrote last, as written: the journal has one writer (RocksDB
+        # locks the directory), so they are what their rows decode to. A tool call reads its
+        # effect back three times (the answer, finish, delivered): without this, three JSON
+        # and Avro decodes. Bounded: the memory does not grow with the effects journaled.
+        self._known: OrderedDict[str, Effect] = OrderedDict()
         self._db: MutableMapping[bytes, bytes]
         if path is None:
             self._db = {}
@@ -137,6 +145,7 @@ class EffectJournal:
         effect = Effect(dispatch, EffectState.DISPATCHED, now_ms)
         self._write_rows(((_effect_key(effect.request_id), _encode(effect)),
                           (_call_key(dispatch.thread_id, dispatch.call_id), dispatch.request_id.encode())))
+        self._remember(effect)
         return None
 
     def restart(self, request_id: str, now_ms: int) -> None:
@@ -155,6 +164,7 @@ class EffectJournal:
             # Not synced (module docstring): if a machine crash loses it, the answer is re-sent.
             delivered = dataclasses.replace(effect, state=EffectState.DELIVERED, updated_at=now_ms)
             self._write_rows(((_effect_key(request_id), _encode(delivered)),), durable=False)
+            self._remember(delivered)
 
     def follow(self, dispatch: Dispatch, now_ms: int) -> bool:
         """Keep a dispatch for the call's running effect (an approval decision); False: none runs."""
@@ -204,6 +214,7 @@ class EffectJournal:
                 settled = effect.state in (EffectState.DELIVERED, EffectState.CANCELLED)
                 if settled and effect.updated_at < before_ms:
                     self._delete(_effect_key(effect.request_id))
+                    self._known.pop(effect.request_id, None)
                     call = _call_key(effect.dispatch.thread_id, effect.dispatch.call_id)
                     if self._get(call) == effect.request_id.encode():
                         self._delete(call)
@@ -213,6 +224,9 @@ class EffectJournal:
     # --- reads -------------------------------------------------------------------------
 
     def entry(self, request_id: str) -> Effect | None:
+        known = self._known.get(request_id)
+        if known is not None:
+            return known
         raw = self._get(_effect_key(request_id))
         return None if raw is None else _decode(raw)
 
@@ -243,6 +257,14 @@ class EffectJournal:
 
     def _put(self, effect: Effect) -> None:
         self._write(_effect_key(effect.request_id), _encode(effect))
+        self._remember(effect)
+
+    def _remember(self, effect: Effect) -> None:
+        """`effect` was just written: serve `entry` from memory (see `_known`)."""
+        self._known.pop(effect.request_id, None)
+        self._known[effect.request_id] = effect
+        if len(self._known) > KNOWN_EFFECTS:
+            self._known.popitem(last=False)
 
     def _get(self, key: bytes) -> bytes | None:
         if self._rocks is not None:
