@@ -155,3 +155,18 @@ def test_a_state_drafted_from_the_last_one_written_reuses_its_pieces_and_writes_
     # Back to the first state's values through other objects: the pieces follow the values.
     again = dataclasses.replace(following, pending_calls=(), turns=state.turns, park_reason=None)
     assert encode_state(again) == statecodec.encode(state)
+
+
+def test_records_of_one_field_or_none_encode_as_one_sorted_dump() -> None:
+    # The pieces read a record's fields in one attrgetter call, which returns a bare value
+    # for a single name: a record of one field must still be a JSON object of it.
+    @dataclasses.dataclass(frozen=True)
+    class One:
+        x: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Zero:
+        pass
+
+    assert statecodec.encode(One(3)) == b'{"x":3}'
+    assert statecodec.encode(Zero()) == b"{}"

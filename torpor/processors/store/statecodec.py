@@ -240,7 +240,11 @@ _Values = tuple[object, ...]
 @functools.cache
 def _values_of(cls: type) -> Callable[[object], _Values]:
     """One C call that reads every field of a `cls` record, in `_text_plan` order."""
-    return operator.attrgetter(*(name for name, _, _, _ in _text_plan(cls)))
+    names = [name for name, _, _, _ in _text_plan(cls)]
+    if len(names) < 2:  # attrgetter of one name returns the value itself, not a 1-tuple
+        return lambda value: tuple(getattr(value, name) for name in names)
+    getter: Callable[[object], _Values] = operator.attrgetter(*names)
+    return getter
 
 
 def _parts(value: object, earlier: tuple[_Values, _Parts] | None) -> tuple[_Values, _Parts]:
