@@ -36,7 +36,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
@@ -65,6 +65,25 @@ class Performer(Protocol):
     def submit(self, dispatch: Dispatch) -> None: ...
 
     def reconcile(self, dispatch: Dispatch) -> bool: ...
+
+
+class _HeldUntilSynced:
+    """A performer that holds what it is given until `release`, after the journal synced it."""
+
+    def __init__(self, performer: Performer) -> None:
+        self._performer = performer
+        self._held: list[Dispatch] = []
+
+    def submit(self, dispatch: Dispatch) -> None:
+        self._held.append(dispatch)
+
+    def reconcile(self, dispatch: Dispatch) -> bool:
+        return self._performer.reconcile(dispatch)
+
+    def release(self) -> None:
+        held, self._held = self._held, []
+        for dispatch in held:
+            self._performer.submit(dispatch)
 
 
 def final_request(record: Input) -> str | None:
@@ -147,6 +166,17 @@ class JournaledIntake:
         return dataclasses.replace(record, body=dataclasses.replace(body, content=content))
 
     # --- dispatches --------------------------------------------------------------------
+
+    def route_all(self, dispatches: Sequence[Dispatch], performer: Performer) -> None:
+        """`route` each of `dispatches` with one synced journal write for all (group
+        commit): each is journaled, the journal synced once, and only then is any of them
+        passed on to `performer`, in order. A tool never starts an effect whose journal
+        row could still be lost."""
+        held = _HeldUntilSynced(performer)
+        with self.journal.group():
+            for dispatch in dispatches:
+                self.route(dispatch, held)
+        held.release()
 
     def route(self, dispatch: Dispatch, performer: Performer) -> None:
         """Journal `dispatch` and pass it on to `performer` (module docstring)."""

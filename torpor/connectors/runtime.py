@@ -181,8 +181,16 @@ class ConnectorRuntime:
             while not should_stop():
                 room = self._room()
                 messages = self._consumer.consume(room, timeout=0)
-                for message in messages:
-                    self._take(message.error(), message.value(), message.partition(), message.offset())
+                taken = [dispatch for message in messages
+                         if (dispatch := self._take(message.error(), message.value(), message.partition(),
+                                                    message.offset())) is not None]
+                if taken:
+                    # One synced journal write for the batch, then the tools start (group commit).
+                    self._intake.route_all(taken, self.connector)
+                    self.handled += len(taken)
+                    for dispatch in taken:
+                        log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra={
+                            "thread_id": dispatch.thread_id, "message_id": dispatch.request_id})
                 self._producer.poll(0)
                 self._offsets.commit_due()
                 self._intake.prune_due()
@@ -245,10 +253,11 @@ class ConnectorRuntime:
         return str(getattr(self.connector, "source", "connector"))
 
     def _take(self, error: KafkaError | None, value: bytes | None, partition: int | None,
-              offset: int | None) -> None:
+              offset: int | None) -> Dispatch | None:
+        """The dispatch a consumed message holds, if it is this connector's (offset noted)."""
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
-                return
+                return None
             raise translate(error, operation="consume outbox")
         assert partition is not None and offset is not None
         self._offsets.taken(partition, offset)
@@ -258,11 +267,7 @@ class ConnectorRuntime:
         except DecodeError as exc:
             log.error("undecodable dispatch skipped: %s", exc,
                       extra={"partition": partition, "offset": offset})
-            return
+            return None
         if dispatch.tool not in self._tools and dispatch.kind != CLOSE_THREAD:
-            return  # another connector's
-        where = {"thread_id": dispatch.thread_id, "message_id": dispatch.request_id,
-                 "partition": partition, "offset": offset}
-        self._intake.route(dispatch, self.connector)
-        self.handled += 1
-        log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra=where)
+            return None  # another connector's
+        return dispatch
