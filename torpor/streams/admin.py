@@ -185,7 +185,7 @@ def _await_metadata(
                     f"this client may not see topic {name} at {bootstrap}: {topic.error.str()}. "
                     "Grant its principal DESCRIBE (and CREATE) on the Torpor topics."
                 )
-        pending = [name for name in names if not _is_ready(metadata, name)]
+        pending = [name for name in names if not topic_ready(metadata, name)]
         if not pending:
             return metadata
         if deadline.expired():
@@ -196,7 +196,8 @@ def _await_metadata(
         time.sleep(min(_PROPAGATION_PAUSE, deadline.remaining()))
 
 
-def _is_ready(metadata: ClusterMetadata, name: str) -> bool:
+def topic_ready(metadata: ClusterMetadata, name: str) -> bool:
+    """`name` exists and every one of its partitions has a leader: clients can use it."""
     topic = metadata.topics.get(name)
     return (
         topic is not None

@@ -29,6 +29,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin._metadata import ClusterMetadata  # the public name is not re-exported for typing
 
 from torpor.schemas.errors import ConfigError
+from torpor.streams.admin import topic_ready
 from torpor.streams.errors import kafka_error_of
 
 log: Final = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class TopicWait:
         if self._said_unreachable:
             log.info("broker at %s answers again", self._bootstrap)
             self._said_unreachable = False
-        missing = tuple(name for name in self._names if not _is_ready(metadata, name))
+        missing = tuple(name for name in self._names if not topic_ready(metadata, name))
         if not missing:
             if self._said_missing:
                 log.info("topics %s appeared after %.0fs; starting", ", ".join(self._said_missing),
@@ -96,12 +97,3 @@ class TopicWait:
             self._said_missing = missing
         return None
 
-
-def _is_ready(metadata: ClusterMetadata, name: str) -> bool:
-    topic = metadata.topics.get(name)
-    return (
-        topic is not None
-        and topic.error is None
-        and bool(topic.partitions)
-        and all(partition.leader >= 0 for partition in topic.partitions.values())
-    )
