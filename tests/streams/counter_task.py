@@ -28,9 +28,10 @@ from typing import Final
 from rocksdict import Options, Rdict, WriteBatch
 
 from torpor.cli.logs import configure
-from torpor.streams.clients import make_consumer, make_producer
-from torpor.streams.config import KafkaSettings, Settings
+from torpor.streams.clients import make_admin, make_consumer, make_producer
+from torpor.streams.config import KafkaSettings, Settings, producer_config
 from torpor.streams.loop import CheckpointLoop, LoopSettings
+from torpor.streams.renewal import ProducerRenewal
 from torpor.streams.task import Change, InputRecord, OutputRecord, StoredOffsets, TaskOutput
 
 POISON: Final = b"poison"
@@ -177,12 +178,18 @@ def main(argv: Sequence[str]) -> int:
     root = Path(args.store)
     consumer = make_consumer(settings, args.group, instance_id=args.instance)
     restore_consumer = make_consumer(settings, f"{args.group}.restore")
-    producer = make_producer(settings, transactional_id=f"{args.group}-{args.instance}")
+    transactional_id = f"{args.group}-{args.instance}"
+    producer = make_producer(settings, transactional_id=transactional_id)
+    # As the processor wires it: a producer that fenced itself is renewed, a zombie's is not.
+    expiry_ms = producer_config(settings, transactional_id=transactional_id)["transaction.timeout.ms"]
+    renewal = ProducerRenewal(lambda: make_producer(settings, transactional_id=transactional_id),
+                              make_admin(settings), args.group, args.instance, float(expiry_ms) / 1000)
     loop = CheckpointLoop(
         consumer, producer, restore_consumer,
         lambda partition: CounterTask(root, partition, args.out, args.parked),
         LoopSettings(args.inputs, args.changelog, commit_every=args.commit_every, max_batch=args.max_batch,
                      **timing),
+        renewal=renewal,
     )
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))

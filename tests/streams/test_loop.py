@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -269,3 +270,45 @@ def test_a_commit_that_times_out_is_resumed_not_aborted(own_broker: OwnBroker, o
     assert "commit_transaction succeeded after" in text, text[-4000:]
     assert "aborting checkpoint" not in text and "_CONFLICT" not in text, text[-4000:]
     assert_exactly_once(own_rig, inputs)
+
+
+def _open_transactions_settled(bootstrap: str, topics: list[str], partitions: int) -> bool:
+    """Whether every partition's last stable offset has reached its end: no transaction open."""
+    ends: dict[str, tuple[int, int]] = {}
+    for isolation in ("read_uncommitted", "read_committed"):
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks",
+                             "isolation.level": isolation, "log_level": 2})
+        try:
+            for topic in topics:
+                for partition in range(partitions):
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                    ends[f"{topic}/{partition}/{isolation}"] = high
+        finally:
+            consumer.close()
+    return all(ends[f"{t}/{p}/read_uncommitted"] == ends[f"{t}/{p}/read_committed"]
+               for t in topics for p in range(partitions))
+
+
+@pytest.mark.kafka
+def test_a_transaction_the_broker_expired_gets_a_new_producer_in_process(rig: CounterRig) -> None:
+    # A leader failover can outlast transaction.timeout.ms: the coordinator aborts the open
+    # transaction and bumps the producer's epoch, and the next call is fenced. Nobody else
+    # owns the transactional id, so the loop renews its producer instead of exiting.
+    inputs = rig.produce_inputs(300)
+    process = rig.start(until_idle=True, env={"TORPOR_FAULT": "before_commit:1:stop"}, log_name="expired",
+                        txn_timeout_ms=2000)
+
+    def log() -> str:
+        return "\n".join(p.read_text(errors="replace") for p in rig.store.parent.glob("expired-*.log"))
+
+    wait_until(lambda: "fault: SIGSTOP at before_commit" in log(), 120,
+               "the loop stops itself before a commit")
+    # Its records and offsets are in the open transaction; the coordinator aborts it after
+    # transaction.timeout.ms (and its next check): then nothing is open on the topics.
+    wait_until(lambda: _open_transactions_settled(rig.bootstrap, [rig.out, rig.changelog], rig.partitions),
+               120, "the coordinator aborts the paused transaction")
+    process.send_signal(signal.SIGCONT)
+    assert process.wait(timeout=180) == 0, log()[-4000:]
+    text = log()
+    assert "producer renewed" in text and "fatal:" not in text, text[-4000:]
+    assert_exactly_once(rig, inputs)

@@ -55,10 +55,11 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
 from torpor.schemas.signer import Signer
-from torpor.streams.clients import make_consumer, make_producer
-from torpor.streams.config import Settings
+from torpor.streams.clients import make_admin, make_consumer, make_producer
+from torpor.streams.config import Settings, producer_config
 from torpor.streams.loop import CheckpointLoop, LoopSettings
 from torpor.streams.partitioner import partition_for
+from torpor.streams.renewal import ProducerRenewal
 from torpor.streams.task import Change, InputRecord, OutputRecord, StoredOffsets, TaskOutput
 from torpor.streams.topics import TopicNames
 
@@ -296,14 +297,22 @@ class Processor:
         self._sink_producer = make_producer(settings)
         self.sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec, signer)
         self.tasks: dict[int, ThreadTask] = {}
+        new_producer = functools.partial(make_producer, settings, transactional_id=config.transactional_id)
+        producer_conf = producer_config(settings, transactional_id=config.transactional_id)
+        expiry_ms = producer_conf["transaction.timeout.ms"]
+        # A producer fenced by its own transaction's expiry (a leader failover) is renewed
+        # in-process; one fenced by a successor with its instance id is not (streams/renewal.py).
+        renewal = ProducerRenewal(new_producer, make_admin(settings), config.app, config.instance,
+                                  float(expiry_ms) / 1000)
         self.loop = CheckpointLoop(
             make_consumer(settings, config.app, instance_id=config.instance),
-            make_producer(settings, transactional_id=config.transactional_id),
+            new_producer(),
             make_consumer(settings, f"{config.app}.restore"),
             self._open_task,
             LoopSettings(self.topics.inputs, self.topics.changelog, commit_interval=config.commit_interval,
                          commit_every=config.commit_every),
             is_busy=self._is_busy,
+            renewal=renewal,
         )
 
     def _open_task(self, partition: int) -> ThreadTask:

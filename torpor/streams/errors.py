@@ -158,3 +158,22 @@ def kafka_error_of(exc: KafkaException | KafkaError) -> KafkaError:
     if isinstance(first, KafkaError):
         return first
     return KafkaError(KafkaError._FAIL, str(first) if first is not None else repr(exc))
+
+
+
+# Local errors of a read that a failover causes and that librdkafka does not flag
+# retriable: the call ran out its own timeout, or the dead broker's handle it was queued
+# on went away (`_DESTROY_BROKER`), or no broker answered for a moment.
+_TRANSIENT_READ_CODES: Final[frozenset[int]] = frozenset(
+    {KafkaError._TIMED_OUT, KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+)
+
+
+def is_transient_read_error(exc: KafkaException) -> bool:
+    """Whether a read (watermarks, committed offsets) failed only for a moment.
+
+    During a leader or coordinator failover (about ten seconds) a read capped at a few
+    seconds times out, or loses the broker it was sent to. A read is safe to repeat, so
+    its caller retries it, after a pause, while its own deadline lasts.
+    """
+    return kafka_error_of(exc).code() in _TRANSIENT_READ_CODES

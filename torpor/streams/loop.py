@@ -36,6 +36,13 @@ librdkafka's, applied by `txncalls.remedy`):
 - `CheckpointAbortedError` (the error requires an abort, a record was not delivered):
   `abort_transaction`, drop every overlay of the checkpoint, seek each partition back
   to its committed offset.
+- a producer that fenced itself (`streams/renewal.py`): its transaction ran past
+  `transaction.timeout.ms` during a leader failover and the coordinator aborted it, or a
+  call hung past the watchdog, and no other member holds this instance's id. With a
+  `ProducerRenewal`, the loop closes every partition dirty (overlays dropped), builds a
+  new producer, runs `init_transactions` (which settles the old transaction) and restores
+  the partitions as on assignment, seeking the consumer to the committed offsets. At most
+  `MAX_RENEWALS` times in a row without a commit in between.
 - anything else, notably `FencedError`: raised out of `run`; the caller exits non-zero.
   A failure after the commit (while applying to the store) is fatal too: the store is
   merely behind, and the restart restores it from the changelog.
@@ -43,9 +50,9 @@ librdkafka's, applied by `txncalls.remedy`):
 Every transaction call is bounded twice: by the timeout it is given, and by a watchdog
 thread, because a librdkafka transaction call can overrun its own timeout. A call still
 running at its deadline plus `watchdog_grace` raises `WatchdogExpiredError`: the
-producer's state is unknown, so the process must exit; its restart calls
-`init_transactions` with the same id, which fences this producer and aborts whatever
-it left open.
+producer's state is unknown, so it is renewed (above) or the process exits; either way
+`init_transactions` with the same id fences this producer and aborts whatever it left
+open.
 
 Partitions follow `lifecycle.PartitionLifecycle`. On assignment a partition's store is
 restored from the changelog and checked against the group's committed offset before
@@ -81,8 +88,9 @@ from torpor.schemas.errors import (
 )
 from torpor.streams import faults
 from torpor.streams.deadline import Deadline
-from torpor.streams.errors import translate
+from torpor.streams.errors import KafkaOperationError, is_transient_read_error, translate
 from torpor.streams.lifecycle import PartitionLifecycle, PartitionState
+from torpor.streams.renewal import Membership, ProducerRenewal, is_own_expiry
 from torpor.streams.restore import (
     CHECKPOINT_HEADER,
     CHECKPOINT_KEY,
@@ -100,6 +108,10 @@ T = TypeVar("T")
 log: Final = logging.getLogger(__name__)
 
 _ANY_PARTITION: Final = -1
+
+# Renewals of the producer in a row, without a commit in between, before the loop gives up
+# and exits: one failover needs one; more means the renewal does not help.
+MAX_RENEWALS: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +138,11 @@ class LoopSettings:
     poll_timeout: float = 0.1
     # The budget of one transaction phase (flush, send offsets, commit, abort).
     transaction_timeout: float = 10.0
-    # How far past its deadline a call may run before the watchdog declares it hung.
-    watchdog_grace: float = 5.0
+    # How far past its deadline a call may run before the watchdog declares it hung. Above
+    # a leader failover (a 9 s broker session timeout, then an election): with 5 s, the
+    # watchdog ended send_offsets_to_transaction calls blocked on a moving coordinator
+    # (5.1-12 s in all) in the three-node kill test (tests/faults/test_cluster.py).
+    watchdog_grace: float = 20.0
     # How long a commit or abort that keeps failing retriably (the broker away, its
     # coordinator moving) is resumed before the process gives up and exits. Long enough
     # for a broker restart or a leader election; the transaction itself times out on the
@@ -197,6 +212,7 @@ class CheckpointLoop:
         settings: LoopSettings,
         *,
         is_busy: Callable[[], bool] = lambda: False,
+        renewal: ProducerRenewal | None = None,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -206,9 +222,14 @@ class CheckpointLoop:
         self._is_busy = is_busy  # work outside the loop still in flight (the model stage)
         self._owned: dict[int, _Owned] = {}
         self._checkpoint: _Checkpoint | None = None
+        self._renewal = renewal
+        # When the producer's open transaction began (monotonic), until it commits or aborts.
+        self._transaction_started: float | None = None
+        self._renewals_in_a_row = 0
         self._assigned_once = False
         self.commits = 0
         self.aborts = 0
+        self.renewals = 0
 
     # --- running ------------------------------------------------------------------
 
@@ -238,7 +259,7 @@ class CheckpointLoop:
                 # Due by time or size under load; and as soon as nothing more is waiting
                 # (after `commit_linger`): the records of this checkpoint are what the
                 # next hop (the model stage, a connector, a reader of receipts) waits for.
-                self.commit_checkpoint(Deadline.after(settings.transaction_timeout))
+                self._renewing(lambda: self.commit_checkpoint(Deadline.after(settings.transaction_timeout)))
                 lingered = None
             if messages:
                 continue
@@ -252,7 +273,7 @@ class CheckpointLoop:
             first = self._consumer.consume(1, timeout=wait)
             if first:
                 self._fold(first)
-        self.commit_checkpoint(Deadline.after(settings.transaction_timeout))
+        self._renewing(lambda: self.commit_checkpoint(Deadline.after(settings.transaction_timeout)))
 
     def close(self) -> None:
         """Leave the group and close every store (clean: nothing is open any more)."""
@@ -273,8 +294,10 @@ class CheckpointLoop:
             if owned is None or not owned.lifecycle.is_running():
                 continue  # fetched just before a revoke: the new owner folds it
             by_partition.setdefault(record.partition, []).append(record)
-        if not by_partition:
-            return
+        if by_partition:
+            self._renewing(lambda: self._fold_records(by_partition))
+
+    def _fold_records(self, by_partition: dict[int, list[InputRecord]]) -> None:
         checkpoint = self._checkpoint or self.begin()
         for partition, records in by_partition.items():
             self.process(checkpoint, partition, records)
@@ -288,6 +311,7 @@ class CheckpointLoop:
             self._producer.begin_transaction()
         except KafkaException as exc:
             raise translate(exc, operation="begin_transaction") from exc
+        self._transaction_started = time.monotonic()
         self._checkpoint = _Checkpoint(time.monotonic(), changelog_topic=self._settings.changelog_topic)
         return self._checkpoint
 
@@ -364,6 +388,8 @@ class CheckpointLoop:
             self._abort(checkpoint, error)
             return False
         self._checkpoint = None
+        self._transaction_started = None
+        self._renewals_in_a_row = 0
         faults.point("after_commit_before_store")
         self._apply(checkpoint)  # phase 5
         self.commits += 1
@@ -414,6 +440,7 @@ class CheckpointLoop:
         self.aborts += 1
         self._call(TxnCall.ABORT, self._producer.abort_transaction,
                    Deadline.after(self._settings.resume_budget))
+        self._transaction_started = None
         for partition in checkpoint.next_offsets:
             owned = self._owned.get(partition)
             if owned is None:
@@ -440,6 +467,65 @@ class CheckpointLoop:
         resume = Deadline.after(self._settings.resume_budget)
         return resume if resume.expires_at > deadline.expires_at else deadline
 
+    # --- renewing a producer that fenced itself ------------------------------------------
+
+    def _renewing(self, phase: Callable[[], object]) -> None:
+        """Run a phase that calls the producer; renew the producer if it fenced itself."""
+        try:
+            phase()
+        except (FencedError, KafkaOperationError) as error:
+            if not self._may_renew(error):
+                raise
+            self._renew(error)
+
+    def _may_renew(self, error: TorporError) -> bool:
+        """Whether `error` is this producer's own expiry, not a successor's fence (`renewal.py`)."""
+        renewal = self._renewal
+        if renewal is None or self._renewals_in_a_row >= MAX_RENEWALS:
+            return False
+        if not all(owned.lifecycle.is_running() for owned in self._owned.values()):
+            return False  # mid-rebalance: exit as before, the restart rejoins cleanly
+        started = self._transaction_started
+        age = None if started is None else time.monotonic() - started
+        if not is_own_expiry(error, age, renewal.transaction_expiry):
+            return False
+        holder = renewal.holder(self._consumer.memberid(), Deadline.after(self._settings.restore_timeout))
+        if holder in (Membership.REPLACED, Membership.UNKNOWN):
+            log.error("not renewing the producer: instance %s is %s in group %s", renewal.instance_id,
+                      holder.value, renewal.group_id)
+            return False
+        return True
+
+    def _renew(self, error: TorporError) -> None:
+        """Close every partition dirty, start a new producer, restore and seek back (`renewal.py`)."""
+        renewal = self._renewal
+        assert renewal is not None  # _may_renew said so
+        partitions = sorted(self._owned)
+        # "aborting checkpoint" is what the fault harness looks for after a zombie wakes.
+        log.warning("aborting checkpoint: %s. The producer fenced itself (its transaction outlived "
+                    "transaction.timeout.ms, or a call hung) and no other member holds its instance id: "
+                    "closing the partitions dirty, starting a new producer and restoring them",
+                    error, extra={"partition": partitions})
+        if self._checkpoint is not None:
+            self._checkpoint = None
+            self.aborts += 1
+        self._transaction_started = None
+        self._renewals_in_a_row += 1
+        for partition in partitions:
+            self._owned[partition].task.abort()
+            self._close_partition(partition)
+        # The old producer is dropped, not closed: a hung call may still hold it. The new
+        # one's init_transactions fences it and settles its transaction (aborts it, or
+        # completes a commit the coordinator had prepared); restore then reads the outcome.
+        self._producer = renewal.new_producer()
+        self._call(TxnCall.INIT, self._producer.init_transactions,
+                   Deadline.after(self._settings.resume_budget))
+        for start in self._open(partitions):
+            self._consumer.seek(start)
+        self.renewals += 1
+        log.info("producer renewed (%d in a row); partitions restored", self._renewals_in_a_row,
+                 extra={"partition": partitions})
+
     # --- rebalancing ------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -447,12 +533,16 @@ class CheckpointLoop:
         self._assigned_once = True
         if not partitions:
             return
+        consumer.incremental_assign(self._open([tp.partition for tp in partitions]))
+
+    def _open(self, partitions: list[int]) -> list[TopicPartition]:
+        """Open, restore and check each partition; return where the consumer starts each one."""
         settings = self._settings
         opened: dict[int, _Owned] = {}
-        for tp in partitions:
-            lifecycle = PartitionLifecycle(settings.inputs_topic, tp.partition)
-            opened[tp.partition] = self._owned[tp.partition] = _Owned(
-                lifecycle, self._task_factory(tp.partition), None, None
+        for partition in partitions:
+            lifecycle = PartitionLifecycle(settings.inputs_topic, partition)
+            opened[partition] = self._owned[partition] = _Owned(
+                lifecycle, self._task_factory(partition), None, None
             )
             lifecycle.transition_to(PartitionState.RESTORING)
         deadline = Deadline.after(settings.restore_timeout)
@@ -474,7 +564,7 @@ class CheckpointLoop:
                      extra={"partition": partition, "offset": committed})
             start = OFFSET_BEGINNING if committed is None else committed
             starts.append(TopicPartition(settings.inputs_topic, partition, start))
-        consumer.incremental_assign(starts)
+        return starts
 
     def _committed_offset(self, partition: int, deadline: Deadline) -> int | None:
         tp = TopicPartition(self._settings.inputs_topic, partition)
@@ -484,7 +574,8 @@ class CheckpointLoop:
                 (found,) = self._consumer.committed([tp], timeout=deadline.timeout_for_call(10.0))
             except KafkaException as exc:
                 error = translate(exc, operation=f"committed({tp.topic}[{partition}])")
-                if isinstance(error, RetriableError) and not deadline.expired():
+                again = isinstance(error, RetriableError) or is_transient_read_error(exc)
+                if again and not deadline.expired():
                     attempt += 1
                     time.sleep(min(backoff(attempt), deadline.remaining()))
                     continue

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -42,7 +43,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from torpor.schemas.errors import RetriableError, StoreCorruptedError, TorporError
 from torpor.streams import faults
 from torpor.streams.deadline import Deadline
-from torpor.streams.errors import translate
+from torpor.streams.errors import is_transient_read_error, translate
 from torpor.streams.task import Change, StoredOffsets
 
 # The loop's per-partition checkpoint record on the changelog. Store layouts in Torpor
@@ -62,6 +63,8 @@ RESTORE_BATCH: Final = 1000
 # and a changelog usually ends in a commit marker that yields no record, so a long cap
 # would be paid by every restore; short calls also let the deadline be checked often.
 _POLL_CAP_SECONDS: Final = 0.05
+# The pause before asking for a partition's watermarks again (its leader moving, say).
+_READ_PAUSE_S: Final = 0.2
 
 
 def encode_checkpoint(input_offset: int) -> bytes:
@@ -216,8 +219,9 @@ def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: Deadline) -> t
             return int(low), int(high)
         except KafkaException as exc:
             error = translate(exc, operation=f"get_watermark_offsets({tp.topic}[{tp.partition}])")
-            if not isinstance(error, RetriableError) or deadline.expired():
+            if not (isinstance(error, RetriableError) or is_transient_read_error(exc)) or deadline.expired():
                 raise error from exc
+            time.sleep(min(_READ_PAUSE_S, deadline.remaining()))
 
 
 def _read_to_end(
