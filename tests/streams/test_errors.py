@@ -23,6 +23,7 @@ from torpor.streams.errors import (
     KafkaRetriableError,
     ProducerFencedError,
     TransactionAbortRequiredError,
+    is_transient_read_error,
     translate,
 )
 
@@ -90,3 +91,10 @@ def test_an_unreachable_broker_means_refuse_to_start() -> None:
         "no Kafka broker answered at kafka-1:9092 within 2.5s (Broker transport failure)."
     )
     assert "`torpor broker start`" in str(error)
+
+
+def test_a_read_that_lost_its_leader_for_a_moment_is_transient_and_a_refused_one_is_not() -> None:
+    for code in (KafkaError._TIMED_OUT, KafkaError._DESTROY_BROKER, KafkaError._UNKNOWN_PARTITION):
+        assert is_transient_read_error(KafkaException(KafkaError(code))), code
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._INVALID_ARG, KafkaError._FENCED):
+        assert not is_transient_read_error(KafkaException(KafkaError(code))), code

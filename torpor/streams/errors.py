@@ -162,10 +162,23 @@ def kafka_error_of(exc: KafkaException | KafkaError) -> KafkaError:
 
 
 # Local errors of a read that a failover causes and that librdkafka does not flag
-# retriable: the call ran out its own timeout, or the dead broker's handle it was queued
-# on went away (`_DESTROY_BROKER`), or no broker answered for a moment.
+# retriable. Each was seen in the three-node kill test (tests/faults/test_cluster.py)
+# while the dead node's partitions had no leader yet: the call ran out its own timeout,
+# the dead broker's handle it was queued on went away (`_DESTROY_BROKER`), the client's
+# metadata had no leader for the partition (`_UNKNOWN_PARTITION`); and their kin (no
+# broker answering, the metadata or coordinator being refreshed). A topic or partition
+# that is really missing surfaces at the caller's deadline instead of at once.
 _TRANSIENT_READ_CODES: Final[frozenset[int]] = frozenset(
-    {KafkaError._TIMED_OUT, KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._WAIT_COORD,
+        KafkaError._NODE_UPDATE,
+    }
 )
 
 
