@@ -9,13 +9,16 @@ effect it performs (`tests.faults.ledger_echo`). With conversations in flight it
 SIGKILLs node 2 and starts more conversations at once. Then:
 
 - every conversation finishes. The connector rides through the failover (it is never
-  restarted). The processor may exit with a `fatal:` line (exit 2) and is restarted as a
-  supervisor would, at most `PROCESSOR_RESTARTS` times: with Kafka's default broker
-  session timeout (9 s) the dead node's partitions get new leaders only after about ten
-  seconds, and the processor's transaction calls run out first. Seen here: the
-  coordinator aborting the open transaction at Torpor's 10 s transaction timeout and
-  bumping the epoch (`_FENCED`, `INVALID_TXN_STATE` on the abort that follows), the
-  abort itself timing out, and the watchdog on `send_offsets_to_transaction`;
+  restarted), and so should the processor: with Kafka's default broker session timeout
+  (9 s) the dead node's partitions get new leaders only after about ten seconds, past
+  Torpor's 10 s transaction timeout, so the coordinator aborts a transaction open at the
+  kill and bumps the epoch (`_FENCED` or `INVALID_TXN_STATE` on the abort that follows).
+  The loop then renews its producer in-process (`streams/renewal.py`: log `aborting
+  checkpoint: ... starting a new producer`, then `producer renewed`), and the restore
+  that follows retries the reads that fail while leaders move. A processor exit with a
+  `fatal:` line (exit 2) is restarted as a supervisor would, at most `PROCESSOR_RESTARTS`
+  times. Seen before the renewal: the errors above, the abort itself timing out, the
+  watchdog on `send_offsets_to_transaction` (5 s grace then), and `FENCED_INSTANCE_ID`;
 - the audit of `tests.faults.harness` (read_committed): every input exactly one decisive
   receipt (nothing lost, nothing folded twice), no outbox request id twice, every
   thread's history equal to a re-fold of the inputs;

@@ -31,6 +31,7 @@ it raises `OffsetMismatchError`, which names both offsets and what to do.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -222,6 +223,22 @@ def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: Deadline) -> t
             if not (isinstance(error, RetriableError) or is_transient_read_error(exc)) or deadline.expired():
                 raise error from exc
             time.sleep(min(_READ_PAUSE_S, deadline.remaining()))
+            _refresh_leaders(consumer, tp.topic, deadline)
+
+
+def _refresh_leaders(consumer: Consumer, topic: str, deadline: Deadline) -> None:
+    """Ask for `topic`'s metadata, so the consumer learns where its partitions' leaders moved.
+
+    A consumer idle since a broker died (the restore consumer between assignments) still
+    sends its reads to the dead leader, and they time out: in the cluster kill test
+    (tests/faults/test_cluster.py) get_watermark_offsets kept failing `_TIMED_OUT` for the
+    whole 60 s restore deadline, while a restarted process with fresh clients restored at
+    once. A metadata request updates librdkafka's cache. Failure is no news: the read retries.
+    """
+    if deadline.expired():
+        return
+    with contextlib.suppress(KafkaException):
+        consumer.list_topics(topic, timeout=deadline.timeout_for_call(5.0))
 
 
 def _read_to_end(
