@@ -189,8 +189,8 @@ def watched(operation: str, call: Callable[[float], T], timeout: float, grace: f
     if worker.is_alive():
         raise WatchdogExpiredError(
             f"{operation} did not return within {limit:.1f}s (its timeout plus the watchdog grace); "
-            "the producer's state is unknown. Exiting: a restart fences this producer and aborts "
-            "its open transaction."
+            "the producer's state is unknown. A new producer with its transactional id (the loop's "
+            "renewal, or a restart's) fences it and aborts its open transaction."
         )
     if failure:
         raise failure[0]
