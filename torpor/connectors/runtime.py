@@ -191,6 +191,11 @@ class ConnectorRuntime:
                     for dispatch in taken:
                         log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra={
                             "thread_id": dispatch.thread_id, "message_id": dispatch.request_id})
+                # Only now: a journal write that raised must not let the offsets pass its dispatches.
+                for message in messages:
+                    partition, offset = message.partition(), message.offset()
+                    if message.error() is None and partition is not None and offset is not None:
+                        self._offsets.taken(partition, offset)
                 self._producer.poll(0)
                 self._offsets.commit_due()
                 self._intake.prune_due()
@@ -254,13 +259,12 @@ class ConnectorRuntime:
 
     def _take(self, error: KafkaError | None, value: bytes | None, partition: int | None,
               offset: int | None) -> Dispatch | None:
-        """The dispatch a consumed message holds, if it is this connector's (offset noted)."""
+        """The dispatch a consumed message holds, if it is this connector's."""
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 return None
             raise translate(error, operation="consume outbox")
         assert partition is not None and offset is not None
-        self._offsets.taken(partition, offset)
         try:
             dispatch = self._codec.decode(self._topics.outbox, value or b"", Dispatch,
                                           partition=partition, offset=offset)
