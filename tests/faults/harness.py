@@ -553,6 +553,15 @@ class Soak:
     def finished(self) -> bool:
         return all(END_TWO in self.answers.get(t, ()) for t in self.threads)
 
+    def kill_processes(self) -> None:
+        """Kill every process still running and close the events reader (the end of a run)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+        if self._events is not None:
+            self._events.close()
+
     def diagnosis(self) -> str:
         """Where the conversations stand and what each process last said (`tests.faults.diagnosis`)."""
         unfinished = {t: self.answers.get(t, []) for t in self.threads
@@ -695,12 +704,7 @@ def run_soak(config: SoakConfig, say: Callable[[str], None] = print) -> SoakRepo
         say(f"soak interrupted after {time.monotonic() - began:.0f}s; {soak.diagnosis()}")
         raise
     finally:
-        for process in soak.processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
-        if soak._events is not None:
-            soak._events.close()
+        soak.kill_processes()
         soak.report.seconds = time.monotonic() - began
         if soak.bootstrap:
             try:

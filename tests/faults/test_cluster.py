@@ -270,9 +270,4 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
         print(f"{report.threads} conversations, {report.inputs} inputs, {report.receipts} receipts, "
               f"{report.dispatches} dispatches, {sum(effects.values())} effects; audit passed")
     finally:
-        for process in soak.processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
-        if soak._events is not None:
-            soak._events.close()
+        soak.kill_processes()
