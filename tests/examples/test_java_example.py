@@ -123,17 +123,24 @@ def signed_deployment(deployment: Deployment, tmp_path: Path, monkeypatch: pytes
     yield deployment, ring
 
 
+def _run_client(deployment: Deployment, built: Path, keys: Path, thread: str, *extra: str
+                ) -> subprocess.CompletedProcess[str]:
+    """The example's jar on `thread`, its results signed with java-1 and its inputs with gateway-1."""
+    java = _require("java", "openjdk-17-jdk-headless")
+    return deployment.run([java, "-jar", str(built / JAR), "--bootstrap", deployment.bootstrap,
+                           "--prefix", deployment.prefix, "--thread", thread,
+                           "--text", "please reverse hello",
+                           "--connector-key-id", "java-1", "--connector-key", str(keys / "java-1.pem"),
+                           "--user-key-id", "gateway-1", "--user-key", str(keys / "gateway-1.pem"),
+                           "--timeout", str(RUN_SECONDS - 60), *extra], timeout=RUN_SECONDS)
+
+
 def test_a_java_client_completes_a_signed_tool_round_trip(
     built: Path, signed_deployment: tuple[Deployment, KeyRing], tmp_path: Path
 ) -> None:
     deployment, ring = signed_deployment
     thread = f"java-{uuid.uuid4().hex[:8]}"
-    java = _require("java", "openjdk-17-jdk-headless")
-    run = deployment.run([java, "-jar", str(built / JAR), "--bootstrap", deployment.bootstrap,
-                          "--prefix", deployment.prefix, "--thread", thread, "--text", "please reverse hello",
-                          "--connector-key-id", "java-1", "--connector-key", str(tmp_path / "java-1.pem"),
-                          "--user-key-id", "gateway-1", "--user-key", str(tmp_path / "gateway-1.pem"),
-                          "--timeout", str(RUN_SECONDS - 60)], timeout=RUN_SECONDS)
+    run = _run_client(deployment, built, tmp_path, thread)
     assert run.returncode == 0, (f"stdout:\n{run.stdout[-4000:]}\nstderr:\n{run.stderr[-3000:]}\n"
                                  f"processor log:\n{deployment.log('processor')[-3000:]}")
     assert "round trip complete" in run.stdout and "verified" in run.stdout, run.stdout
@@ -167,3 +174,30 @@ def test_an_input_written_with_a_changed_schema_is_parked_unknown_fingerprint(
     assert receipt.disposition == "parked"
     assert "unknown schema fingerprint" in (receipt.reason or ""), receipt.reason
 
+
+
+def test_a_java_client_whose_key_claims_another_connector_is_refused_and_the_partition_goes_on(
+    built: Path, signed_deployment: tuple[Deployment, KeyRing], tmp_path: Path
+) -> None:
+    """The same client and key, but its results claim `connector:impostor`: java-1 may not sign that."""
+    deployment, _ = signed_deployment
+    thread = f"java-impostor-{uuid.uuid4().hex[:8]}"
+    run = _run_client(deployment, built, tmp_path, thread, "--connector-name", "impostor")
+    assert run.returncode == 1, f"stdout:\n{run.stdout[-4000:]}\nstderr:\n{run.stderr[-3000:]}"
+    assert "FAILED: input" in run.stdout and "was rejected" in run.stdout, run.stdout
+
+    inputs = {i.message_id: i for i in deployment.inputs() if i.thread_id == thread}
+    [result] = [i for i in inputs.values() if isinstance(i.body, ToolResult)]
+    assert result.source == "connector:impostor"
+    receipts = {r.input_id: r for r in deployment.receipts() if r.thread_id == thread}
+    assert receipts[result.message_id].disposition == "rejected:forged", receipts[result.message_id]
+    assert receipts[result.message_id].reason == "key_not_allowed_for_source", receipts[result.message_id]
+    # One receipt for it, and the thread still waits for its tool: nothing was folded from it.
+    assert sum(r.input_id == result.message_id for r in deployment.receipts()) == 1
+    assert deployment.answers(thread) == ["Reversing."]
+
+    # The partition goes on: the honest client on another thread completes its round trip.
+    honest = f"java-{uuid.uuid4().hex[:8]}"
+    again = _run_client(deployment, built, tmp_path, honest)
+    assert again.returncode == 0, (f"stdout:\n{again.stdout[-4000:]}\n"
+                                   f"processor log:\n{deployment.log('processor')[-3000:]}")
