@@ -67,7 +67,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", f"bench.{mode}", "--agents", str(args.agents), "--turns",
                str(args.turns), "--wave", str(args.wave), "--out", str(args.out)]
     if mode == "kafka":
-        command += ["--partitions", str(args.partitions)]
+        command += ["--partitions", str(args.partitions), "--workers", str(args.workers)]
         if args.bootstrap:
             command += ["--bootstrap", args.bootstrap]
     print(f"$ python -m bench.{mode} {' '.join(command[3:])}", flush=True)
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--wave", type=int, default=500)
     parser.add_argument("--partitions", type=int, default=3, help="Kafka mode's input partitions.")
+    parser.add_argument("--workers", type=int, default=1, help="Kafka mode's processor processes.")
     parser.add_argument("--bootstrap", default=None, help="Kafka mode's broker (see bench.kafka).")
     parser.add_argument("--modes", default=",".join(MODES), help="Comma-separated: local, kafka.")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))

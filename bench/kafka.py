@@ -31,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Final
 
+import psutil
 from confluent_kafka import Consumer, Producer
 
 from bench import figures, passthrough
@@ -61,6 +62,7 @@ OUTPUT_TOPICS: Final = (Topic.OUTBOX, Topic.EVENTS, Topic.RECEIPTS, Topic.CHANGE
 SUMMARY_COLUMNS: Final = (
     *figures.RUN_COLUMNS,
     "partitions",
+    "workers",
     *figures.MEASURED_COLUMNS,
     "processor_cpu_seconds",
     "changelog_bytes_per_agent",
@@ -86,6 +88,15 @@ def settle(pids: list[int]) -> None:
         if now - last < 0.02:
             return
         last = now
+
+
+def wait_for_workers(pid: int, workers: int) -> None:
+    """Wait until `torpor processor --workers` has started its worker processes."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while len(psutil.Process(pid).children()) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the processor did not start {workers} workers")
+        time.sleep(0.2)
 
 
 def script(turns: int) -> str:
@@ -156,7 +167,8 @@ class Receipts:
 
 
 def run(
-    bootstrap: str, agents: int, turns: int, wave: int, partitions: int, work: Path, keep_topics: bool
+    bootstrap: str, agents: int, turns: int, wave: int, partitions: int, work: Path, keep_topics: bool,
+    workers: int = 1,
 ) -> tuple[list[figures.WaveRow], dict[str, object]]:
     prefix = f"bench.{uuid.uuid4().hex[:10]}."
     settings = Settings(
@@ -198,6 +210,8 @@ def run(
                 str(store_dir),
                 "--script",
                 str(work / "script.toml"),
+                "--workers",
+                str(workers),
                 "--log-level",
                 "warning",
             ],
@@ -237,8 +251,10 @@ def run(
                 producer.poll(0)
             producer.flush(60)
 
+        if workers > 1:  # the supervisor's workers: their CPU and RSS are the processor's
+            wait_for_workers(processor.pid, workers)
         settle([processor.pid, connector.pid])
-        cpu_started = (cpu_seconds(processor.pid), cpu_seconds(connector.pid))
+        cpu_started = (cpu_seconds(processor.pid, descendants=True), cpu_seconds(connector.pid))
         started = time.perf_counter()
         for first in range(0, agents, wave):
             ids = [agent_id(i) for i in range(first, min(agents, first + wave))]
@@ -252,7 +268,7 @@ def run(
                 receipts.wait_for(expected, processor, work / "processor.log")
             seconds = time.perf_counter() - wave_started
             done = 2 * turns * len(ids)  # checked against the topic below
-            rss, store = rss_bytes(processor.pid), dir_bytes(store_dir)
+            rss, store = rss_bytes(processor.pid, descendants=True), dir_bytes(store_dir)
             rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, store))
             print(
                 f"wave {len(rows) - 1}: {first + len(ids)} agents in {seconds:.2f}s ({done / seconds:,.0f}"
@@ -260,7 +276,7 @@ def run(
                 flush=True,
             )
         seconds = time.perf_counter() - started
-        processor_cpu = cpu_seconds(processor.pid) - cpu_started[0]
+        processor_cpu = cpu_seconds(processor.pid, descendants=True) - cpu_started[0]
         cpu = processor_cpu + cpu_seconds(connector.pid) - cpu_started[1]  # not the broker's
         receipts.close()
         for process in processes:
@@ -310,6 +326,7 @@ def run(
         summary.update(
             {
                 "partitions": partitions,
+                "workers": workers,
                 "processor_cpu_seconds": round(processor_cpu, 3),
                 "changelog_bytes_per_agent": round(changelog_bytes / agents, 1),
                 "checkpoint_records": checkpoint_records,
@@ -338,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--wave", type=int, default=500)
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="`torpor processor --workers`: processes.")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--keep", action="store_true", help="Keep the topics and the work directory.")
     args = parser.parse_args(argv)
@@ -346,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = args.bootstrap or default_bootstrap()
     work = Path(tempfile.mkdtemp(prefix="torpor-bench-kafka-"))
     try:
-        rows, summary = run(bootstrap, args.agents, args.turns, args.wave, args.partitions, work, args.keep)
+        rows, summary = run(bootstrap, args.agents, args.turns, args.wave, args.partitions, work, args.keep,
+                            args.workers)
     finally:
         if args.keep:
             print(f"work directory kept: {work}")

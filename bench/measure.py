@@ -21,13 +21,18 @@ import psutil
 EIGHT_GB: Final = 8 * 1024**3
 
 
-def rss_bytes(pid: int | None = None) -> int:
-    return int(psutil.Process(pid or os.getpid()).memory_info().rss)
+def _tree(pid: int | None, descendants: bool) -> list[psutil.Process]:
+    """The process, and with `descendants` its living children's children too (`--workers`)."""
+    process = psutil.Process(pid or os.getpid())
+    return [process, *process.children(recursive=True)] if descendants else [process]
 
 
-def cpu_seconds(pid: int | None = None) -> float:
-    times = psutil.Process(pid or os.getpid()).cpu_times()
-    return float(times.user + times.system)
+def rss_bytes(pid: int | None = None, descendants: bool = False) -> int:
+    return sum(int(p.memory_info().rss) for p in _tree(pid, descendants))
+
+
+def cpu_seconds(pid: int | None = None, descendants: bool = False) -> float:
+    return sum(float(t.user + t.system) for t in (p.cpu_times() for p in _tree(pid, descendants)))
 
 
 def dir_bytes(path: Path) -> int:

@@ -24,6 +24,7 @@ from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import configure
 from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
+from torpor.cli.workers import supervise, worker_commands
 from torpor.processors.metrics import MeteredProcessor, serve_metrics
 from torpor.processors.models.providers.registry import ModelRouter
 from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
@@ -83,15 +84,26 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="Serve Prometheus metrics on http://--metrics-host:PORT/metrics (0: any free port, "
                    "printed). Default: no metrics.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="The address of /metrics.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              envvar="TORPOR_PROCESSOR_WORKERS",
+              help="Run N processor processes of this app, to use N cores: instances <instance>-w0.."
+                   "-w<N-1>, stores under --store-dir/w<k>, metrics on consecutive ports. This "
+                   "process supervises them and ends with the first failing one's status.")
 @click.option("--log-level", default="info", show_default=True)
 @settings_options
-def processor(instance: str, until_idle: bool, store_dir: Path | None, script: Path | None, app: str | None,
+@click.pass_context
+def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Path | None,
+              script: Path | None, app: str | None,
               default_model: str, openai_base_url: str | None, openai_api_key_env: str,
               anthropic_base_url: str | None, anthropic_api_key_env: str, bedrock_region: str | None,
               bedrock_endpoint_url: str | None, connectors: tuple[str, ...],
-              metrics_port: int | None, metrics_host: str, log_level: str, config_file: Path | None,
-              bootstrap: str | None) -> None:
+              metrics_port: int | None, metrics_host: str, workers: int, log_level: str,
+              config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
+    if workers > 1:
+        commands = worker_commands(ctx, workers, instance, store_dir or Path(".torpor") / "stores" / instance,
+                                   metrics_port)
+        sys.exit(supervise(commands))
     configure(log_level)
     # A stop asked for during startup (topics, stores) is honoured at the loop's first check.
     stopping: list[int] = []

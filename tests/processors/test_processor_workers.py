@@ -1,0 +1,144 @@
+"""`torpor processor --workers N`: N processes of one app share the partitions, supervised by one.
+
+Against the real broker, with the scripted model and the echo connector:
+- two workers split the three partitions between them (each restores at least one into
+  its own store), every conversation completes exactly once, and a SIGTERM to the
+  supervisor stops both cleanly (exit 0);
+- a SIGKILLed supervisor takes its workers with it (they get SIGTERM, Linux's
+  PR_SET_PDEATHSIG): nothing is left holding the partitions;
+- a worker killed with SIGKILL makes the supervisor stop the other one and exit with the
+  killed one's status (137); started again with the same names, the workers finish
+  every conversation exactly once.
+The options handed down to the workers are checked without a broker.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from pathlib import Path
+
+import click
+import psutil
+import pytest
+
+from tests.processors.test_processor import (
+    TORPOR,
+    Deployment,
+    Tail,
+    _assert_exactly_once,
+    _conversation,
+    deployment,
+)
+from tests.waiting import wait_until
+from torpor.cli.processor import processor
+from torpor.cli.workers import given_options, worker_commands
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
+
+__all__ = ["deployment"]  # the fixture, shared with test_processor
+
+FINAL = "The echo said ping."
+
+
+def _workers(deployment: Deployment, name: str) -> psutil.Process:
+    started = deployment.start(deployment.processor_args("p0", "--workers", "2"), name)
+    return psutil.Process(started.pid)
+
+
+def _children(supervisor: psutil.Process) -> list[psutil.Process]:
+    wait_until(lambda: len(supervisor.children()) == 2, timeout=60, message="two worker processes")
+    return supervisor.children()
+
+
+def _answered(finals: Tail, threads: list[str]) -> bool:
+    return {thread for thread, text in finals.answers() if text == FINAL} >= set(threads)
+
+
+def _restored_partitions(store: Path) -> set[str]:
+    return {p.name for p in store.iterdir() if p.is_dir()} if store.exists() else set()
+
+
+def test_two_workers_split_the_partitions_and_every_turn_completes_exactly_once(
+    deployment: Deployment,
+) -> None:
+    supervisor = _workers(deployment, "processor")
+    workers = _children(supervisor)
+    # The first worker to join takes every partition; the second's join moves some over.
+    stores = deployment.root / "stores-p0"
+    wait_until(lambda: all(_restored_partitions(stores / w) for w in ("w0", "w1")), timeout=120,
+               message=f"both workers own partitions; log:\n{deployment.log('processor')[-3000:]}")
+    threads = [f"workers-{i:02d}-{uuid.uuid4().hex[:6]}" for i in range(12)]
+    for thread_id in threads:
+        deployment.send(*_conversation(thread_id, "please ping"))
+    echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}"], "echo")
+    finals = Tail(deployment.bootstrap, deployment.topic("events"))
+    wait_until(lambda: _answered(finals, threads), timeout=240,
+               message=f"every final answer; log:\n{deployment.log('processor')[-3000:]}")
+
+    log = deployment.log("processor")
+    assert "processor p0-w0 started" in log and "processor p0-w1 started" in log, log[-3000:]
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=120) == 0, deployment.log("processor")[-3000:]
+    assert not any(w.is_running() for w in workers)
+    echo.send_signal(signal.SIGTERM)
+    assert echo.wait(timeout=60) == 0, deployment.log("echo")[-3000:]
+    _assert_exactly_once(deployment)
+
+
+def test_a_killed_worker_stops_the_other_and_a_restart_finishes_every_turn_exactly_once(
+    deployment: Deployment,
+) -> None:
+    threads = [f"killed-{i:02d}-{uuid.uuid4().hex[:6]}" for i in range(12)]
+    for thread_id in threads:
+        deployment.send(*_conversation(thread_id, "please ping slowly"))
+    receipts = Tail(deployment.bootstrap, deployment.topic("receipts"))
+    supervisor = _workers(deployment, "processor-0")
+    victim, survivor = _children(supervisor)
+    wait_until(lambda: receipts.count() >= 24, timeout=180, message="the first receipts")
+    victim.send_signal(signal.SIGKILL)
+    assert supervisor.wait(timeout=120) == 128 + signal.SIGKILL, deployment.log("processor-0")[-3000:]
+    wait_until(lambda: not survivor.is_running(), timeout=60, message="the other worker stopped")
+    log = deployment.log("processor-0")
+    assert "ended with status 137: stopping the others" in log, log[-3000:]
+
+    deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}"], "echo")
+    _workers(deployment, "processor-1")
+    finals = Tail(deployment.bootstrap, deployment.topic("events"))
+    wait_until(lambda: _answered(finals, threads), timeout=240,
+               message=f"every final answer after the restart; log:\n{deployment.log('processor-1')[-3000:]}")
+    _assert_exactly_once(deployment)
+
+
+def test_a_killed_supervisor_leaves_no_worker_behind(deployment: Deployment) -> None:
+    supervisor = _workers(deployment, "processor")
+    workers = _children(supervisor)
+    wait_until(lambda: deployment.log("processor").count(" started in group") == 2, timeout=120,
+               message="both workers started")
+    supervisor.send_signal(signal.SIGKILL)
+    wait_until(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
+               timeout=120, message=f"the workers ended; log:\n{deployment.log('processor')[-3000:]}")
+    assert deployment.log("processor").count(" stopped: ") == 2, deployment.log("processor")[-3000:]
+
+
+def test_workers_get_the_given_options_but_their_own_instance_stores_and_metrics_port(tmp_path: Path) -> None:
+    script = tmp_path / "rules.toml"
+    script.write_text("")
+    ctx = processor.make_context("processor", [
+        "--instance", "p", "--workers", "3", "--until-idle", "--script", str(script),
+        "--connector", "a:A", "--connector", "b:B", "--store-dir", str(tmp_path / "s"),
+        "--metrics-port", "9100",
+    ])
+    shared = given_options(ctx)
+    assert shared == ["--until-idle", "--script", str(script), "--connector", "a:A", "--connector", "b:B"]
+    commands = worker_commands(ctx, 3, "p", tmp_path / "s", 9100)
+    tails = [command[command.index("processor") + 1 + len(shared):] for command in commands]
+    assert tails == [["--instance", f"p-w{k}", "--store-dir", str(tmp_path / "s" / f"w{k}"),
+                      "--metrics-port", str(9100 + k)] for k in range(3)]
+    # 0 asks every worker for a free port of its own.
+    assert all(c[-1] == "0" for c in worker_commands(ctx, 3, "p", tmp_path / "s", 0))
+
+
+def test_workers_out_of_range_are_refused_before_anything_starts() -> None:
+    with pytest.raises(click.BadParameter):
+        processor.make_context("processor", ["--instance", "p", "--workers", "0"])
