@@ -19,12 +19,15 @@ from torpor.schemas.errors import (
 from torpor.streams.errors import (
     FENCING_CODES,
     BrokerUnreachableError,
+    ConsumerFencedError,
     KafkaOperationError,
     KafkaRetriableError,
     ProducerFencedError,
     TransactionAbortRequiredError,
     is_transient_read_error,
     translate,
+    translate_consume,
+    translate_produce,
 )
 
 
@@ -98,3 +101,36 @@ def test_a_read_that_lost_its_leader_for_a_moment_is_transient_and_a_refused_one
         assert is_transient_read_error(KafkaException(KafkaError(code))), code
     for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._INVALID_ARG, KafkaError._FENCED):
         assert not is_transient_read_error(KafkaException(KafkaError(code))), code
+
+
+def test_a_produce_refused_in_a_failed_transaction_asks_for_an_abort() -> None:
+    # librdkafka's _STATE from produce: the transaction failed under it (an abortable error).
+    state = KafkaException(KafkaError(KafkaError._STATE, "Erroneous state"))
+    refused = translate_produce(state, topic="t.out")
+
+    assert isinstance(refused, TransactionAbortRequiredError)
+    assert str(refused).startswith("produce to t.out failed: _STATE (code -172): Erroneous state.")
+
+
+def test_a_produce_refused_for_another_reason_keeps_its_plain_translation() -> None:
+    fatal = KafkaException(KafkaError(KafkaError._FATAL, "fenced earlier", fatal=True))
+    too_large = KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+
+    assert isinstance(translate_produce(fatal, topic="t.out"), ProducerFencedError)
+    assert type(translate_produce(too_large, topic="t.out")) is KafkaOperationError
+
+
+def test_a_consumer_that_lost_its_static_membership_is_fenced_as_a_consumer() -> None:
+    # librdkafka hands the application _FATAL for FENCED_INSTANCE_ID (rd_kafka_set_fatal_error).
+    for error in (KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced"),
+                  KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced", fatal=True)):
+        fenced = translate_consume(error)
+        assert isinstance(fenced, ConsumerFencedError) and isinstance(fenced, FencedError), error
+        assert not isinstance(fenced, ProducerFencedError)
+
+
+def test_a_consumer_error_other_than_a_fence_keeps_its_plain_translation() -> None:
+    translated = translate_consume(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
+
+    assert type(translated) is KafkaOperationError
+    assert str(translated).startswith("consume failed: TOPIC_AUTHORIZATION_FAILED")

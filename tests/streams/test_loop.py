@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from tests.conftest import TopicFactory
@@ -312,3 +312,45 @@ def test_a_transaction_the_broker_expired_gets_a_new_producer_in_process(rig: Co
     text = log()
     assert "producer renewed" in text and "fatal:" not in text, text[-4000:]
     assert_exactly_once(rig, inputs)
+
+
+@pytest.mark.kafka
+def test_a_transaction_that_fails_under_the_fold_is_aborted_and_folded_again(
+        kafka_bootstrap: str, topic_factory: TopicFactory, admin: AdminClient, tmp_path: Path) -> None:
+    # A record the broker refuses (here: too large for `out`) fails the open transaction in
+    # the background, as OUT_OF_ORDER_SEQUENCE_NUMBER did after a leader failover; librdkafka
+    # then refuses the fold's next records with _STATE. The loop aborts and folds again (it
+    # used to exit 2 on that _STATE), until the topic takes the record.
+    partitions = 3
+    rig = CounterRig(
+        bootstrap=kafka_bootstrap, inputs=topic_factory(partitions),
+        changelog=topic_factory(partitions, {"cleanup.policy": "compact"}),
+        out=topic_factory(partitions, {"max.message.bytes": "100000"}), parked=topic_factory(partitions),
+        group=f"counter-{uuid.uuid4().hex[:12]}", store=tmp_path / "stores", partitions=partitions,
+    )
+    try:
+        inputs = rig.produce_inputs(300)
+        big = (b"k0", b"big" + b"x" * 200_000)
+        producer = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": "murmur2_random"})
+        producer.produce(rig.inputs, key=big[0], value=big[1])
+        assert producer.flush(30) == 0
+        inputs += [big, *rig.produce_inputs(2700, first=300)]
+        # Many small batches per checkpoint: the refusal arrives while the fold goes on.
+        process = rig.start(until_idle=True, commit_every=1000, max_batch=20, log_name="refused")
+
+        def log() -> str:
+            return "\n".join(p.read_text(errors="replace") for p in rig.store.parent.glob("refused-*.log"))
+
+        refused = r"aborting checkpoint: produce to \S+ failed: _STATE"
+        wait_until(lambda: re.search(refused, log()) or process.poll() is not None, 180,
+                   "a produce refused with _STATE aborts the checkpoint")
+        assert process.poll() is None, log()[-4000:]
+        resource = ConfigResource(ResourceType.TOPIC, rig.out,
+                                  incremental_configs=[ConfigEntry("max.message.bytes", "1048588",
+                                                                   incremental_operation=AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+        assert process.wait(timeout=300) == 0, log()[-4000:]
+        assert "fatal:" not in log(), log()[-4000:]
+        assert_exactly_once(rig, inputs)
+    finally:
+        rig.kill_all()

@@ -12,7 +12,8 @@ under the root tree of `torpor.schemas.errors`::
     ├── CheckpointAbortedError
     │   └── TransactionAbortRequiredError   abort the transaction, drop the overlay, seek back
     ├── FencedError
-    │   └── ProducerFencedError             fatal or fenced: another instance owns the id, exit
+    │   ├── ProducerFencedError             fatal or fenced: another instance owns the id, exit
+    │   └── ConsumerFencedError             the consumer lost its static membership: rejoin or exit
     └── KafkaOperationError                 any other Kafka error, with its code and description
 
 `translate(exc)` picks the class from the `KafkaError` flags and code, in this order,
@@ -23,6 +24,11 @@ because librdkafka may set more than one flag and the strongest remedy must win:
 2. `txn_requires_abort()` -> `TransactionAbortRequiredError`.
 3. `retriable()` -> `KafkaRetriableError`.
 4. anything else -> `KafkaOperationError`.
+
+Two calls say more than their flags, and have translators of their own:
+`translate_produce` (a `_STATE` refusal inside an open transaction means the transaction
+failed under it: abort) and `translate_consume` (a consumer's fatal error is the loss of
+its static membership: `ConsumerFencedError`).
 
 Why `BrokerUnreachableError` is a `ConfigError` and not a `RetriableError`: it is raised
 only after the caller's whole deadline has passed without an answer, so there is no
@@ -116,6 +122,16 @@ class TransactionAbortRequiredError(_FromKafka, CheckpointAbortedError):
     """The open transaction cannot commit: abort it, drop the overlay, seek back."""
 
 
+class ConsumerFencedError(_FromKafka, FencedError):
+    """The consumer's `group.instance.id` went to another member id: the consumer is unusable.
+
+    librdkafka makes FENCED_INSTANCE_ID fatal for the consumer (its only fatal error in
+    the classic group protocol). A successor with this instance id, or a JoinGroup of our
+    own whose answer was lost in a coordinator failover, holds the id now; the loop asks the
+    group which (`renewal.ProducerRenewal.holder`) and rebuilds its consumer or exits.
+    """
+
+
 class KafkaRetriableError(_FromKafka, RetriableError):
     """A transient Kafka failure: retry the same call while its deadline allows."""
 
@@ -148,6 +164,44 @@ def translate(exc: KafkaException | KafkaError, *, operation: str = "kafka call"
     if error.retriable():
         return KafkaRetriableError(f"{head}. Retriable: retry within the deadline.", detail)
     return KafkaOperationError(head, detail)
+
+
+def translate_produce(exc: KafkaException, *, topic: str) -> TorporError:
+    """Classify a failed `produce` inside an open transaction.
+
+    librdkafka refuses a record with `_STATE` when the transaction no longer accepts any
+    (rdkafka_msg.c, `rd_kafka_check_produce`; a fatal producer gets `_FATAL` instead). In a
+    checkpoint that began, that means the transaction failed in the background with an
+    abortable error: OUT_OF_ORDER_SEQUENCE_NUMBER after a leader failover, seen in the
+    three-node kill test, fails it so (`TXNERR ... requires epoch bump`). The remedy is
+    librdkafka's for any abortable error: `abort_transaction`, which also bumps the epoch
+    when the error requires it (KIP-360). Any other failure is `translate`'s.
+    """
+    error = kafka_error_of(exc)
+    if error.code() == KafkaError._STATE:
+        return TransactionAbortRequiredError(
+            f"produce to {topic} failed: {KafkaErrorDetail.of(error)}. The open transaction failed "
+            "(an abortable error, see the client log's TXNERR line): abort it, drop the overlay and "
+            "seek back to the committed offsets.",
+            KafkaErrorDetail.of(error),
+        )
+    return translate(exc, operation=f"produce to {topic}")
+
+
+def translate_consume(error: KafkaError) -> TorporError:
+    """Classify an error the consumer returned from `consume()`.
+
+    A fatal consumer error (`_FATAL`, or the FENCED_INSTANCE_ID it stands for) is the loss
+    of the static membership: `ConsumerFencedError`. Any other is `translate`'s.
+    """
+    if error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID):
+        detail = KafkaErrorDetail.of(error)
+        return ConsumerFencedError(
+            f"consume failed: {detail}. The consumer lost its group.instance.id to another member id "
+            "and is unusable: rebuild it if no live member holds the id, else exit.",
+            detail,
+        )
+    return translate(error, operation="consume")
 
 
 def kafka_error_of(exc: KafkaException | KafkaError) -> KafkaError:

@@ -33,9 +33,12 @@ librdkafka's, applied by `txncalls.remedy`):
   `resume_budget`, since a timed-out commit or abort keeps running in librdkafka and
   nothing but the same call may follow it (an abort then fails with `_CONFLICT`); past
   the budget they raise `RetriesExhaustedError` (fatal).
-- `CheckpointAbortedError` (the error requires an abort, a record was not delivered):
-  `abort_transaction`, drop every overlay of the checkpoint, seek each partition back
-  to its committed offset.
+- `CheckpointAbortedError` (the error requires an abort, a record was not delivered, or
+  a record was refused while folding because the transaction had failed under it, e.g.
+  OUT_OF_ORDER_SEQUENCE_NUMBER after a leader failover: `errors.translate_produce`):
+  `abort_transaction` (which also bumps the producer's epoch when the failure requires
+  it), drop every overlay of the checkpoint, seek each partition back to its committed
+  offset.
 - a producer that fenced itself (`streams/renewal.py`): its transaction ran past
   `transaction.timeout.ms` during a leader failover and the coordinator aborted it, or a
   call hung past the watchdog, and no other member holds this instance's id. With a
@@ -64,7 +67,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -88,7 +91,7 @@ from torpor.schemas.errors import (
 )
 from torpor.streams import faults
 from torpor.streams.deadline import Deadline
-from torpor.streams.errors import KafkaOperationError, is_transient_read_error, translate
+from torpor.streams.errors import KafkaOperationError, is_transient_read_error, translate, translate_produce
 from torpor.streams.lifecycle import PartitionLifecycle, PartitionState
 from torpor.streams.renewal import Membership, ProducerRenewal, is_own_expiry
 from torpor.streams.restore import (
@@ -299,8 +302,14 @@ class CheckpointLoop:
 
     def _fold_records(self, by_partition: dict[int, list[InputRecord]]) -> None:
         checkpoint = self._checkpoint or self.begin()
-        for partition, records in by_partition.items():
-            self.process(checkpoint, partition, records)
+        try:
+            for partition, records in by_partition.items():
+                self.process(checkpoint, partition, records)
+        except CheckpointAbortedError as error:
+            # The transaction failed under the fold (a record refused, the queue full): abort
+            # it as a failed commit would. Every partition of the batch is sought back too,
+            # folded yet or not: the consumer's position is past all of them.
+            self._abort(checkpoint, error, also=by_partition)
 
     # --- phase 1: begin -----------------------------------------------------------
 
@@ -351,7 +360,7 @@ class CheckpointLoop:
                     ) from None
                 self._producer.poll(0.05)
             except KafkaException as exc:
-                raise translate(exc, operation=f"produce to {out.topic}") from exc
+                raise translate_produce(exc, topic=out.topic) from exc
 
     # --- phase 4: commit; phase 5: apply --------------------------------------------
 
@@ -433,15 +442,20 @@ class CheckpointLoop:
             owned.changelog_offset = changelog_offset
             faults.point("mid_store_write")
 
-    def _abort(self, checkpoint: _Checkpoint, error: TorporError) -> None:
-        """Abort the transaction, drop the overlays, seek back to the committed offsets."""
-        log.warning("aborting checkpoint: %s", error, extra={"partition": sorted(checkpoint.next_offsets)})
+    def _abort(self, checkpoint: _Checkpoint, error: TorporError, also: Iterable[int] = ()) -> None:
+        """Abort the transaction, drop the overlays, seek back to the committed offsets.
+
+        The checkpoint's partitions are sought back, and `also` those of a batch it did not
+        finish folding.
+        """
+        partitions = sorted({*checkpoint.next_offsets, *also})
+        log.warning("aborting checkpoint: %s", error, extra={"partition": partitions})
         self._checkpoint = None
         self.aborts += 1
         self._call(TxnCall.ABORT, self._producer.abort_transaction,
                    Deadline.after(self._settings.resume_budget))
         self._transaction_started = None
-        for partition in checkpoint.next_offsets:
+        for partition in partitions:
             owned = self._owned.get(partition)
             if owned is None:
                 continue
