@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from confluent_kafka import Consumer
 from rocksdict import Options, Rdict, WriteBatch
 
 from torpor.cli.logs import configure
@@ -176,14 +177,18 @@ def main(argv: Sequence[str]) -> int:
     timing = {} if args.transaction_timeout is None else {"transaction_timeout": args.transaction_timeout}
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=args.bootstrap, librdkafka_overrides=overrides))
     root = Path(args.store)
-    consumer = make_consumer(settings, args.group, instance_id=args.instance)
+    def new_consumer() -> Consumer:
+        return make_consumer(settings, args.group, instance_id=args.instance)
+
+    consumer = new_consumer()
     restore_consumer = make_consumer(settings, f"{args.group}.restore")
     transactional_id = f"{args.group}-{args.instance}"
     producer = make_producer(settings, transactional_id=transactional_id)
     # As the processor wires it: a producer that fenced itself is renewed, a zombie's is not.
     expiry_ms = producer_config(settings, transactional_id=transactional_id)["transaction.timeout.ms"]
     renewal = ProducerRenewal(lambda: make_producer(settings, transactional_id=transactional_id),
-                              make_admin(settings), args.group, args.instance, float(expiry_ms) / 1000)
+                              make_admin(settings), args.group, args.instance, float(expiry_ms) / 1000,
+                              new_consumer)
     loop = CheckpointLoop(
         consumer, producer, restore_consumer,
         lambda partition: CounterTask(root, partition, args.out, args.parked),

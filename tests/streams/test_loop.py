@@ -354,3 +354,37 @@ def test_a_transaction_that_fails_under_the_fold_is_aborted_and_folded_again(
         assert_exactly_once(rig, inputs)
     finally:
         rig.kill_all()
+
+
+@pytest.mark.kafka
+def test_a_consumer_fenced_by_a_member_id_nobody_runs_is_rebuilt_in_process(rig: CounterRig) -> None:
+    # In a coordinator failover a JoinGroup of our own can get its answer lost: its member id
+    # then holds our group.instance.id, and our consumer is fenced (FENCED_INSTANCE_ID, fatal
+    # in librdkafka). Here a static member with our instance id joins and closes at once (a
+    # static member does not leave): once its session expires nobody holds the id, and the
+    # loop builds a new consumer instead of exiting 2.
+    inputs = rig.produce_inputs(1000)
+    process = rig.start(commit_every=40, max_batch=20, log_name="rejoin")
+
+    def log() -> str:
+        return "\n".join(p.read_text(errors="replace") for p in rig.store.parent.glob("rejoin-*.log"))
+
+    rig.wait_for_out(100, timeout=120)
+    ghost = Consumer({"bootstrap.servers": rig.bootstrap, "group.id": rig.group, "group.instance.id": "i0",
+                      "partition.assignment.strategy": "cooperative-sticky", "enable.auto.commit": False,
+                      "session.timeout.ms": 6000, "log_level": 2})
+    try:
+        ghost.subscribe([rig.inputs])
+        wait_until(lambda: ghost.poll(0.2) is None and bool(ghost.memberid()), 60, "the ghost joins")
+    finally:
+        ghost.close()
+    wait_until(lambda: "consumer rebuilt" in log() or process.poll() is not None, 180,
+               "the loop rebuilds its fenced consumer")
+    assert process.poll() is None, log()[-4000:]
+    inputs += rig.produce_inputs(1000, first=1000)
+    rig.wait_for_out(len(inputs), timeout=180)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0, log()[-4000:]
+    text = log()
+    assert "fatal:" not in text and "rebuilding the consumer" in text, text[-4000:]
+    assert_exactly_once(rig, inputs)

@@ -302,10 +302,12 @@ class Processor:
         expiry_ms = producer_conf["transaction.timeout.ms"]
         # A producer fenced by its own transaction's expiry (a leader failover) is renewed
         # in-process; one fenced by a successor with its instance id is not (streams/renewal.py).
+        # So is a consumer that lost its static membership to a lost JoinGroup of its own.
+        new_consumer = functools.partial(make_consumer, settings, config.app, instance_id=config.instance)
         renewal = ProducerRenewal(new_producer, make_admin(settings), config.app, config.instance,
-                                  float(expiry_ms) / 1000)
+                                  float(expiry_ms) / 1000, new_consumer)
         self.loop = CheckpointLoop(
-            make_consumer(settings, config.app, instance_id=config.instance),
+            new_consumer(),
             new_producer(),
             make_consumer(settings, f"{config.app}.restore"),
             self._open_task,

@@ -19,8 +19,10 @@ under the root tree of `torpor.schemas.errors`::
 `translate(exc)` picks the class from the `KafkaError` flags and code, in this order,
 because librdkafka may set more than one flag and the strongest remedy must win:
 
-1. fatal, or a fencing code (`_FENCED`, `PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH`, ...)
-   -> `ProducerFencedError`: the producer is unusable; retrying or aborting cannot help.
+1. FENCED_INSTANCE_ID (the group's answer to our consumer, or to offsets our producer
+   sent with its metadata) -> `ConsumerFencedError`; then fatal, or another fencing code
+   (`_FENCED`, `PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH`, ...) -> `ProducerFencedError`:
+   the producer is unusable; retrying or aborting cannot help.
 2. `txn_requires_abort()` -> `TransactionAbortRequiredError`.
 3. `retriable()` -> `KafkaRetriableError`.
 4. anything else -> `KafkaOperationError`.
@@ -150,6 +152,8 @@ def translate(exc: KafkaException | KafkaError, *, operation: str = "kafka call"
     error = kafka_error_of(exc)
     detail = KafkaErrorDetail.of(error)
     head = f"{operation} failed: {detail}"
+    if error.code() == KafkaError.FENCED_INSTANCE_ID:
+        return _consumer_fenced(head, detail)
     if error.fatal() or error.code() in FENCING_CODES:
         return ProducerFencedError(
             f"{head}. The client is fenced or fatally failed (another instance likely took over its "
@@ -196,12 +200,16 @@ def translate_consume(error: KafkaError) -> TorporError:
     """
     if error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID):
         detail = KafkaErrorDetail.of(error)
-        return ConsumerFencedError(
-            f"consume failed: {detail}. The consumer lost its group.instance.id to another member id "
-            "and is unusable: rebuild it if no live member holds the id, else exit.",
-            detail,
-        )
+        return _consumer_fenced(f"consume failed: {detail}", detail)
     return translate(error, operation="consume")
+
+
+def _consumer_fenced(head: str, detail: KafkaErrorDetail) -> ConsumerFencedError:
+    return ConsumerFencedError(
+        f"{head}. The consumer lost its group.instance.id to another member id and is unusable: "
+        "rebuild it if no live member holds the id, else exit.",
+        detail,
+    )
 
 
 def kafka_error_of(exc: KafkaException | KafkaError) -> KafkaError:

@@ -46,6 +46,13 @@ librdkafka's, applied by `txncalls.remedy`):
   new producer, runs `init_transactions` (which settles the old transaction) and restores
   the partitions as on assignment, seeking the consumer to the committed offsets. At most
   `MAX_RENEWALS` times in a row without a commit in between.
+- a consumer that lost its static membership (`errors.ConsumerFencedError`, librdkafka's
+  FENCED_INSTANCE_ID) while no other live member holds this instance's id, once a member
+  id left by a lost JoinGroup of ours has expired (`renewal.py`): with a
+  `ProducerRenewal` that can build consumers, the loop aborts the open checkpoint, closes
+  every partition, replaces the consumer (same `group.instance.id`) and subscribes
+  again; the rebalance that follows restores the partitions. At most `MAX_RENEWALS`
+  times in a row without a commit in between.
 - anything else, notably `FencedError`: raised out of `run`; the caller exits non-zero.
   A failure after the commit (while applying to the store) is fatal too: the store is
   merely behind, and the restart restores it from the changelog.
@@ -91,9 +98,16 @@ from torpor.schemas.errors import (
 )
 from torpor.streams import faults
 from torpor.streams.deadline import Deadline
-from torpor.streams.errors import KafkaOperationError, is_transient_read_error, translate, translate_produce
+from torpor.streams.errors import (
+    ConsumerFencedError,
+    KafkaOperationError,
+    is_transient_read_error,
+    translate,
+    translate_consume,
+    translate_produce,
+)
 from torpor.streams.lifecycle import PartitionLifecycle, PartitionState
-from torpor.streams.renewal import Membership, ProducerRenewal, is_own_expiry
+from torpor.streams.renewal import Membership, ProducerRenewal, is_own_expiry, may_rejoin
 from torpor.streams.restore import (
     CHECKPOINT_HEADER,
     CHECKPOINT_KEY,
@@ -156,10 +170,15 @@ class LoopSettings:
     # Restore of one partition on assignment; a dead owner's open transaction can hold
     # the changelog's end back for up to transaction.timeout.ms (10 s by default).
     restore_timeout: float = 60.0
+    # How long a fenced consumer waits for the member id holding its instance id to go
+    # (`renewal.ProducerRenewal.released`) before the loop exits. Above the consumer's
+    # session.timeout.ms (45 s by default), within which a member id left by a lost
+    # JoinGroup of ours expires; a live successor's never does.
+    rejoin_wait: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("commit_interval", "poll_timeout", "transaction_timeout", "watchdog_grace",
-                     "resume_budget", "revoke_budget", "restore_timeout"):
+                     "resume_budget", "revoke_budget", "restore_timeout", "rejoin_wait"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"LoopSettings.{name} must be positive, got {value!r}")
@@ -229,10 +248,12 @@ class CheckpointLoop:
         # When the producer's open transaction began (monotonic), until it commits or aborts.
         self._transaction_started: float | None = None
         self._renewals_in_a_row = 0
+        self._rejoins_in_a_row = 0
         self._assigned_once = False
         self.commits = 0
         self.aborts = 0
         self.renewals = 0
+        self.rejoins = 0
 
     # --- running ------------------------------------------------------------------
 
@@ -245,10 +266,7 @@ class CheckpointLoop:
         settings = self._settings
         self._call(TxnCall.INIT, self._producer.init_transactions,
                    Deadline.after(settings.transaction_timeout))
-        self._consumer.subscribe(
-            [settings.inputs_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe()
         while not should_stop():
             # What is fetched already, without waiting: librdkafka's consume() blocks for
             # its whole timeout unless the batch fills, which cost every checkpoint (and
@@ -278,6 +296,12 @@ class CheckpointLoop:
                 self._fold(first)
         self._renewing(lambda: self.commit_checkpoint(Deadline.after(settings.transaction_timeout)))
 
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(
+            [self._settings.inputs_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
     def close(self) -> None:
         """Leave the group and close every store (clean: nothing is open any more)."""
         self._consumer.close()  # runs _on_revoke for what is still owned
@@ -291,7 +315,11 @@ class CheckpointLoop:
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
-                raise translate(error, operation="consume")
+                failure = translate_consume(error)
+                if isinstance(failure, ConsumerFencedError):
+                    self._rejoin(failure)  # the batch goes with the consumer: restore seeks anew
+                    return
+                raise failure
             record = _record_of(message)
             owned = self._owned.get(record.partition)
             if owned is None or not owned.lifecycle.is_running():
@@ -398,7 +426,7 @@ class CheckpointLoop:
             return False
         self._checkpoint = None
         self._transaction_started = None
-        self._renewals_in_a_row = 0
+        self._renewals_in_a_row = self._rejoins_in_a_row = 0
         faults.point("after_commit_before_store")
         self._apply(checkpoint)  # phase 5
         self.commits += 1
@@ -487,6 +515,8 @@ class CheckpointLoop:
         """Run a phase that calls the producer; renew the producer if it fenced itself."""
         try:
             phase()
+        except ConsumerFencedError as error:  # offsets sent with a fenced member's metadata
+            self._rejoin(error)
         except (FencedError, KafkaOperationError) as error:
             if not self._may_renew(error):
                 raise
@@ -539,6 +569,46 @@ class CheckpointLoop:
         self.renewals += 1
         log.info("producer renewed (%d in a row); partitions restored", self._renewals_in_a_row,
                  extra={"partition": partitions})
+
+    # --- rebuilding a consumer that lost its static membership --------------------------
+
+    def _rejoin(self, error: ConsumerFencedError) -> None:
+        """Replace a fenced consumer if no other live member holds our instance id (`renewal.py`).
+
+        Raises `error` when it may not: a successor holds the id, the group did not answer,
+        or rebuilding did not help `MAX_RENEWALS` times in a row.
+        """
+        renewal = self._renewal
+        if renewal is None or renewal.new_consumer is None or self._rejoins_in_a_row >= MAX_RENEWALS:
+            raise error
+        holder = renewal.released(self._consumer.memberid(), Deadline.after(self._settings.rejoin_wait))
+        if not may_rejoin(holder):
+            log.error("not rebuilding the consumer: instance %s is %s in group %s", renewal.instance_id,
+                      holder.value, renewal.group_id)
+            raise error
+        partitions = sorted(self._owned)
+        log.warning("rebuilding the consumer: %s. No other live member holds instance %s (%s): dropping "
+                    "the open checkpoint, closing the partitions and joining the group again", error,
+                    renewal.instance_id, holder.value, extra={"partition": partitions})
+        for partition in partitions:  # no seek on the fenced consumer: the new one starts afresh
+            lifecycle = self._owned[partition].lifecycle
+            if lifecycle.state is not PartitionState.REVOKING:
+                lifecycle.transition_to(PartitionState.REVOKING)
+        if self._checkpoint is not None:
+            self._abort(self._checkpoint, error)
+        for partition in partitions:
+            self._owned[partition].task.abort()
+            self._close_partition(partition)
+        self._rejoins_in_a_row += 1
+        try:
+            self._consumer.close()  # fatal: it neither commits nor leaves; owns nothing now
+        except (KafkaException, RuntimeError) as exc:
+            log.info("closing the fenced consumer: %s", exc)
+        self._consumer = renewal.new_consumer()
+        self._subscribe()
+        self.rejoins += 1
+        log.info("consumer rebuilt (%d in a row); the rebalance restores the partitions",
+                 self._rejoins_in_a_row)
 
     # --- rebalancing ------------------------------------------------------------------
 

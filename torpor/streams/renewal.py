@@ -22,6 +22,16 @@ dirty and carries on with a new producer; so does the loop (`CheckpointLoop._ren
 
 When either test fails, or the group cannot be asked in time, the loop exits as before and
 a restart settles the transaction.
+
+The consumer can lose its static membership in a failover too. librdkafka makes
+FENCED_INSTANCE_ID fatal for the consumer (`errors.ConsumerFencedError`): another member
+id holds our `group.instance.id`. That is a successor (then we are the zombie), or a
+JoinGroup of our own whose answer was lost while the group coordinator moved, which holds
+the id until its session times out (nobody heartbeats for it). `ProducerRenewal.released`
+waits, at most `rejoin_wait`, for the holder to be anything but another live member, and
+`may_rejoin` decides: nobody (`ABSENT`) or our own member id (`OURS`) lets the loop build a
+new consumer with the same instance id in-process; a holder still there at the end
+(`REPLACED`), or no answer (`UNKNOWN`), makes it exit. A successor heartbeats, so it stays.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from torpor.schemas.errors import TorporError
@@ -54,6 +64,14 @@ class Membership(enum.Enum):
     ABSENT = "absent"  # nobody (our membership expired): no successor with our id either
     REPLACED = "replaced"  # another member id: a successor with our transactional id runs
     UNKNOWN = "unknown"  # the coordinator did not answer in time: assume the worst
+
+
+def may_rejoin(holder: Membership) -> bool:
+    """Whether a fenced consumer may be rebuilt with the same `group.instance.id`.
+
+    Only when no other live member holds the id: our new consumer would fence a successor's.
+    """
+    return holder in (Membership.ABSENT, Membership.OURS)
 
 
 def is_own_expiry(error: TorporError, transaction_age: float | None, expiry: float) -> bool:
@@ -79,6 +97,9 @@ class ProducerRenewal:
     instance_id: str
     # The producer's transaction.timeout.ms, in seconds.
     transaction_expiry: float
+    # A consumer in the group with the same group.instance.id, for `CheckpointLoop` to
+    # replace a fenced one (None: a fenced consumer makes the loop exit).
+    new_consumer: Callable[[], Consumer] | None = None
 
     def holder(self, member_id: str | None, deadline: Deadline) -> Membership:
         """Who holds our `group.instance.id`, asking the group coordinator until `deadline`."""
@@ -102,3 +123,15 @@ class ProducerRenewal:
             if not holders:
                 return Membership.ABSENT
             return Membership.OURS if member_id and member_id in holders else Membership.REPLACED
+
+    def released(self, member_id: str | None, deadline: Deadline, pause: float = 1.0) -> Membership:
+        """Who holds our `group.instance.id` once nobody but us does, or at `deadline`.
+
+        Asks `holder` until it is not `REPLACED` (a member id left by a lost JoinGroup of
+        ours expires with its session) or `deadline` passes; returns the last answer.
+        """
+        while True:
+            holder = self.holder(member_id, deadline)
+            if holder is not Membership.REPLACED or deadline.expired():
+                return holder
+            time.sleep(min(pause, deadline.remaining()))
