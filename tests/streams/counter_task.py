@@ -167,6 +167,8 @@ def main(argv: Sequence[str]) -> int:
     # The broker-side transaction.timeout.ms: a test that stalls the broker keeps it well
     # above the stall, so the broker does not abort the transaction being resumed.
     parser.add_argument("--txn-timeout-ms", type=int, default=None)
+    # How long a fenced consumer waits for its instance id to be released (LoopSettings.rejoin_wait).
+    parser.add_argument("--rejoin-wait", type=float, default=None)
     args = parser.parse_args(argv)
     configure("info")
     overrides: tuple[tuple[str, str], ...] = ()
@@ -175,6 +177,8 @@ def main(argv: Sequence[str]) -> int:
     if args.txn_timeout_ms is not None:
         overrides += (("transaction.timeout.ms", str(args.txn_timeout_ms)),)
     timing = {} if args.transaction_timeout is None else {"transaction_timeout": args.transaction_timeout}
+    if args.rejoin_wait is not None:
+        timing["rejoin_wait"] = args.rejoin_wait
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=args.bootstrap, librdkafka_overrides=overrides))
     root = Path(args.store)
     def new_consumer() -> Consumer:

@@ -370,11 +370,8 @@ def test_a_consumer_fenced_by_a_member_id_nobody_runs_is_rebuilt_in_process(rig:
         return "\n".join(p.read_text(errors="replace") for p in rig.store.parent.glob("rejoin-*.log"))
 
     rig.wait_for_out(100, timeout=120)
-    ghost = Consumer({"bootstrap.servers": rig.bootstrap, "group.id": rig.group, "group.instance.id": "i0",
-                      "partition.assignment.strategy": "cooperative-sticky", "enable.auto.commit": False,
-                      "session.timeout.ms": 6000, "log_level": 2})
+    ghost = _member_as(rig, "i0")
     try:
-        ghost.subscribe([rig.inputs])
         wait_until(lambda: ghost.poll(0.2) is None and bool(ghost.memberid()), 60, "the ghost joins")
     finally:
         ghost.close()
@@ -388,3 +385,38 @@ def test_a_consumer_fenced_by_a_member_id_nobody_runs_is_rebuilt_in_process(rig:
     text = log()
     assert "fatal:" not in text and "rebuilding the consumer" in text, text[-4000:]
     assert_exactly_once(rig, inputs)
+
+
+@pytest.mark.kafka
+def test_a_consumer_fenced_by_a_live_member_with_its_instance_id_exits_and_is_not_rebuilt(
+        rig: CounterRig) -> None:
+    # The attacker's side of the test above: a member that stays (a successor, or anyone
+    # joining with our group.instance.id) keeps the id. Rebuilding would fence it in turn;
+    # the loop must exit 2 instead, once the wait for the id's release runs out.
+    rig.produce_inputs(1000)
+    process = rig.start(commit_every=40, max_batch=20, log_name="usurped", rejoin_wait=10.0)
+
+    def log() -> str:
+        return "\n".join(p.read_text(errors="replace") for p in rig.store.parent.glob("usurped-*.log"))
+
+    rig.wait_for_out(100, timeout=120)
+    usurper = _member_as(rig, "i0")
+    try:
+        wait_until(lambda: usurper.poll(0.2) is None and bool(usurper.memberid()), 60, "the usurper joins")
+        assert process.wait(timeout=180) == 2, log()[-4000:]
+    finally:
+        usurper.close()
+    text = log()
+    assert "not rebuilding the consumer: instance i0 is replaced" in text, text[-4000:]
+    assert "fatal: ConsumerFencedError" in text and "consumer rebuilt" not in text, text[-4000:]
+    folded = rig.out_values()  # what it committed before it was fenced: each input at most once
+    assert folded and len(folded) == len(set(folded))
+
+
+def _member_as(rig: CounterRig, instance: str) -> Consumer:
+    """A static member of the rig's group with `instance` as its group.instance.id, subscribed."""
+    consumer = Consumer({"bootstrap.servers": rig.bootstrap, "group.id": rig.group,
+                         "group.instance.id": instance, "partition.assignment.strategy": "cooperative-sticky",
+                         "enable.auto.commit": False, "session.timeout.ms": 6000, "log_level": 2})
+    consumer.subscribe([rig.inputs])
+    return consumer

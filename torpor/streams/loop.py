@@ -581,15 +581,10 @@ class CheckpointLoop:
         renewal = self._renewal
         if renewal is None or renewal.new_consumer is None or self._rejoins_in_a_row >= MAX_RENEWALS:
             raise error
-        holder = renewal.released(self._consumer.memberid(), Deadline.after(self._settings.rejoin_wait))
-        if not may_rejoin(holder):
-            log.error("not rebuilding the consumer: instance %s is %s in group %s", renewal.instance_id,
-                      holder.value, renewal.group_id)
-            raise error
+        # The partitions are lost whatever comes next. Abort first: an open transaction holds
+        # back read_committed readers while the group is asked, and a producer a successor
+        # fenced fails here, which ends a zombie at once.
         partitions = sorted(self._owned)
-        log.warning("rebuilding the consumer: %s. No other live member holds instance %s (%s): dropping "
-                    "the open checkpoint, closing the partitions and joining the group again", error,
-                    renewal.instance_id, holder.value, extra={"partition": partitions})
         for partition in partitions:  # no seek on the fenced consumer: the new one starts afresh
             lifecycle = self._owned[partition].lifecycle
             if lifecycle.state is not PartitionState.REVOKING:
@@ -599,6 +594,13 @@ class CheckpointLoop:
         for partition in partitions:
             self._owned[partition].task.abort()
             self._close_partition(partition)
+        holder = renewal.released(self._consumer.memberid(), Deadline.after(self._settings.rejoin_wait))
+        if not may_rejoin(holder):
+            log.error("not rebuilding the consumer: instance %s is %s in group %s", renewal.instance_id,
+                      holder.value, renewal.group_id)
+            raise error
+        log.warning("rebuilding the consumer: %s. No other live member holds instance %s (%s): joining the "
+                    "group again", error, renewal.instance_id, holder.value, extra={"partition": partitions})
         self._rejoins_in_a_row += 1
         try:
             self._consumer.close()  # fatal: it neither commits nor leaves; owns nothing now
