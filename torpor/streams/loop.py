@@ -97,6 +97,7 @@ from torpor.schemas.errors import (
     TorporError,
 )
 from torpor.streams import faults
+from torpor.streams.checkpoints import CheckpointObserver, QuietCheckpoints
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import (
     ConsumerFencedError,
@@ -235,7 +236,9 @@ class CheckpointLoop:
         *,
         is_busy: Callable[[], bool] = lambda: False,
         renewal: ProducerRenewal | None = None,
+        observer: CheckpointObserver | None = None,
     ) -> None:
+        self._observer = observer or QuietCheckpoints()  # told of each commit and abort (metrics)
         self._consumer = consumer
         self._producer = producer
         self._restore_consumer = restore_consumer
@@ -414,6 +417,7 @@ class CheckpointLoop:
         checkpoint = self._checkpoint
         if checkpoint is None:
             return True
+        started = time.monotonic()
         try:
             for partition, offset in checkpoint.next_offsets.items():  # phase 3, the last records
                 self._produce(checkpoint, OutputRecord(
@@ -430,6 +434,7 @@ class CheckpointLoop:
         faults.point("after_commit_before_store")
         self._apply(checkpoint)  # phase 5
         self.commits += 1
+        self._observer.committed(time.monotonic() - started)
         return True
 
     def _commit(self, checkpoint: _Checkpoint, deadline: Deadline) -> None:
@@ -480,6 +485,7 @@ class CheckpointLoop:
         log.warning("aborting checkpoint: %s", error, extra={"partition": partitions})
         self._checkpoint = None
         self.aborts += 1
+        self._observer.aborted(type(error).__name__)
         self._call(TxnCall.ABORT, self._producer.abort_transaction,
                    Deadline.after(self._settings.resume_budget))
         self._transaction_started = None
@@ -553,6 +559,7 @@ class CheckpointLoop:
         if self._checkpoint is not None:
             self._checkpoint = None
             self.aborts += 1
+            self._observer.aborted(type(error).__name__)
         self._transaction_started = None
         self._renewals_in_a_row += 1
         for partition in partitions:
