@@ -3,8 +3,9 @@
 A processor against a real broker folds applied inputs, a duplicate, a control to a
 thread that does not exist, a poison record and a park; its `/metrics` then counts the
 inputs by disposition exactly as the `receipts` topic holds them, the dispatch and the
-completions it produced, its committed checkpoints with their commit latency, and the
-one parked thread.
+completions it produced (with their provider, latency and tokens), its committed
+checkpoints with their commit latency, the one parked thread, and, per owned partition,
+its consumer lag (none left once caught up) and its store's size.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Final
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.processors.test_processor import Deployment, _conversation, _input, deployment
+from tests.processors.test_processor import PARTITIONS, Deployment, _conversation, _input, deployment
 from tests.waiting import wait_until
 from torpor.schemas.records import Control, Input
 
@@ -80,9 +81,17 @@ def test_the_metrics_endpoint_counts_what_the_receipts_say(deployment: Deploymen
     assert receipts["applied"] >= 6 and receipts["duplicate"] == 1 and receipts["parked"] == 1, receipts
     assert receipts["rejected:unknown_thread"] == 1, receipts
     assert samples[("torpor_dispatches_total", ())] == 1  # the echo call of "please ping"
-    assert samples[("torpor_completions_total", (("outcome", "ok"),))] == 2
+    scripted_ok = (("outcome", "ok"), ("provider", "scripted"))
+    assert samples[("torpor_completions_total", scripted_ok)] == 2
+    assert samples[("torpor_model_seconds_count", scripted_ok)] == 2
+    assert samples[("torpor_model_tokens_total", (("direction", "input"), ("provider", "scripted")))] >= 0
     assert samples[("torpor_parked_threads", ())] == 1
-    committed = samples[("torpor_checkpoints_total", (("outcome", "committed"),))]
-    assert committed >= 1
-    assert samples[("torpor_checkpoint_commit_seconds_count", (("outcome", "committed"),))] == committed
-    assert samples[("torpor_checkpoint_commit_seconds_sum", (("outcome", "committed"),))] > 0
+    assert samples[("torpor_checkpoint_commit_seconds_count", ())] >= 1
+    assert samples[("torpor_checkpoint_commit_seconds_sum", ())] > 0
+    # One instance owns every partition; each has a store on disk and a lag (a transaction
+    # marker at a partition's end counts as 1: Kafka's own definition of lag).
+    partitions = [str(p) for p in range(PARTITIONS)]
+    for partition in partitions:
+        assert samples[("torpor_store_bytes", (("partition", partition),))] > 0
+    lags = [samples[("torpor_consumer_lag", (("partition", p),))] for p in partitions]
+    assert all(0 <= lag <= 1 for lag in lags), lags

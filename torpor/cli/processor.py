@@ -22,10 +22,11 @@ import click
 
 from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import configure
+from torpor.cli.metrics import serve_metrics
 from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.cli.workers import supervise, worker_commands
-from torpor.processors.metrics import MeteredProcessor, serve_metrics
+from torpor.processors.metrics import ProcessorMetrics
 from torpor.processors.models.providers.registry import ModelRouter
 from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.processors.processor import Processor, ProcessorConfig
@@ -127,10 +128,12 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
         model = ModelRouter(providers, default_model, script=rules)
         hosted = HostedConnectors(settings, connectors, app=app, instance=instance,
                                   store_dir=config.store_dir)
-        kind = Processor if metrics_port is None else MeteredProcessor
-        runner = kind(settings, config, model, inputs_partitions=ensured.partitions, hosted_busy=hosted.busy)
-        if isinstance(runner, MeteredProcessor) and metrics_port is not None:
-            server, _ = serve_metrics(runner.metrics.registry, metrics_host, metrics_port)
+        metrics = None if metrics_port is None else ProcessorMetrics()
+        runner = Processor(settings, config, model, inputs_partitions=ensured.partitions,
+                           hosted_busy=hosted.busy, observer=metrics)
+        if metrics is not None and metrics_port is not None:
+            metrics.track_lag(runner.high_watermark)
+            server, _ = serve_metrics(metrics.registry, metrics_host, metrics_port)
             click.echo(f"metrics on http://{metrics_host}:{server.server_port}/metrics", err=True)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None

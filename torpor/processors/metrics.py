@@ -1,240 +1,236 @@
 """Prometheus metrics of a processor, counted from what its checkpoints commit.
 
-Contract. `MeteredProcessor` is a `Processor` that counts, into its own
-`CollectorRegistry` (`metrics`), and `serve_metrics(registry, host, port)` serves it on
-`/metrics`:
+Contract. `ProcessorMetrics` is a `ProcessorObserver` (`processors.observing`): give it to
+`Processor(..., observer=metrics)` and it counts into its own `CollectorRegistry`
+(`registry`, served on `/metrics` by the command line):
 
-  torpor_inputs_total{disposition}          inputs folded, by their receipt's disposition
-                                            (`rejected:<reason>` as `rejected`, the reason
-                                            in its own label)
-  torpor_dispatches_total                   records committed to the outbox
-  torpor_completions_total{outcome}         completions the model stage produced (`ok`, `error`)
-  torpor_checkpoint_commit_seconds{outcome} how long committing a checkpoint took (produce
-                                            its markers, flush, send the offsets, commit the
-                                            transaction, apply it to RocksDB), by `committed`
-                                            or `aborted`
-  torpor_checkpoints_total{outcome}         checkpoints committed and aborted
+  torpor_inputs_total{disposition,reason}   inputs folded, by their receipt's disposition
+                                            (`rejected:<reason>` as `rejected`, the reason in
+                                            its own label; empty for the others)
+  torpor_dispatches_total                   dispatches committed to the outbox
   torpor_parked_threads                     threads of the owned partitions whose status is parked
+  torpor_checkpoint_commit_seconds          histogram: time to commit a checkpoint (its markers,
+                                            flush, send offsets, commit, apply to RocksDB); its
+                                            `_count` is the checkpoints committed
+  torpor_transaction_aborts_total{cause}    transactions aborted, by the error class that made
+                                            the loop abort them
+  torpor_completions_total{provider,outcome} completions the model stage published (`ok`, `error`)
+  torpor_model_seconds{provider,outcome}    histogram: a completion's provider calls, every
+                                            attempt and backoff included
+  torpor_model_tokens_total{provider,direction} tokens the providers reported (`input`, `output`)
+  torpor_consumer_lag{partition}            per owned `inputs` partition: its end (the last stable
+                                            offset, as the consumer last heard it) minus the
+                                            committed offset. Kafka's own definition, so a
+                                            transaction marker at the end counts as 1
+  torpor_store_bytes{partition}             per owned partition: its RocksDB directory's size on disk
 
-Counts are taken only when a checkpoint commits: the records a `ThreadTask` returns
-are held per partition and counted by `commit` (dropped by `abort`), so after a run the
-inputs counted by disposition are exactly the receipts on the `receipts` topic.
+`provider` is the model string's API (`openai`, `anthropic`, `bedrock`, `scripted`; any
+other string a thread names is `other`, so a label never grows with what inputs say).
 
-The seam, chosen so the processor and the loop need no change: `MeteredProcessor`
-overrides `_open_task`, the task factory it hands the loop, to wrap each `ThreadTask`
-in a `MeteredTask` (the same `PartitionTask` protocol); it wraps the loop's public
-`commit_checkpoint` to time it, and the stage's sink to count completions.
+Exactness. Inputs, dispatches and the parked gauge move only when a checkpoint commits
+(`partition_committed`): an aborted checkpoint's work is dropped and folded again, so
+after a run the inputs counted by disposition are exactly the receipts on `receipts`.
+Lag and store size are read when scraped (on the scrape's thread: the committed offsets
+this observer was told, the consumer's cached watermark, the files' sizes).
 """
 
 from __future__ import annotations
 
+import os
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
-from wsgiref.simple_server import WSGIServer
+from pathlib import Path
+from typing import Final
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from torpor.processors.fold.state import Status
-from torpor.processors.models.stage import StageSink
-from torpor.processors.processor import Processor, ThreadTask
+from torpor.processors.models.providers.registry import Backend
+from torpor.processors.observing import CommittedWork
 from torpor.processors.replay import thread_ids
-from torpor.processors.store.kv import Store
+from torpor.processors.store.kv import RocksStore, Store
 from torpor.processors.store.tables import load_state
-from torpor.schemas.codec import Codec
-from torpor.schemas.errors import ConfigError, DecodeError
-from torpor.schemas.records import Completion, Input, Receipt, ThreadEvent
-from torpor.streams.deadline import Deadline
-from torpor.streams.task import Change, InputRecord, StoredOffsets, TaskOutput
-from torpor.streams.topics import TopicNames
+from torpor.schemas.records import Completion
 
 # Events after which a thread's parked-or-not is read again from its committed state.
-T = TypeVar("T")
-
 _PARK_KINDS: Final = frozenset({"parked", "unparked", "stopped", "resumed", "deleted", "closed"})
 _COMMIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A completion takes from a few ms (scripted) to minutes (a long answer with retries).
+_MODEL_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_PROVIDERS: Final = frozenset(backend.value for backend in Backend)
+OTHER_PROVIDER: Final = "other"
+
+Watermark = Callable[[int], "int | None"]
+"""The end offset of an `inputs` partition, or None when not known (`Processor.high_watermark`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessorMetrics:
-    """The processor's metrics, in a registry of their own (so two processors in one process,
-    as in tests, never share counters)."""
-
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    inputs: PromCounter = field(init=False)
-    dispatches: PromCounter = field(init=False)
-    completions: PromCounter = field(init=False)
-    commit_seconds: Histogram = field(init=False)
-    checkpoints: PromCounter = field(init=False)
-    parked: Gauge = field(init=False)
-
-    def __post_init__(self) -> None:
-        make = object.__setattr__
-        make(self, "inputs", PromCounter("torpor_inputs", "Inputs folded, by receipt disposition.",
-                                         ["disposition", "reason"], registry=self.registry))
-        make(self, "dispatches", PromCounter("torpor_dispatches", "Dispatches committed to the outbox.",
-                                             registry=self.registry))
-        make(self, "completions", PromCounter("torpor_completions", "Completions the model stage produced.",
-                                              ["outcome"], registry=self.registry))
-        make(self, "commit_seconds", Histogram("torpor_checkpoint_commit_seconds",
-                                               "Time to commit a checkpoint (transaction and store).",
-                                               ["outcome"], buckets=_COMMIT_BUCKETS, registry=self.registry))
-        make(self, "checkpoints", PromCounter("torpor_checkpoints", "Checkpoints committed or aborted.",
-                                              ["outcome"], registry=self.registry))
-        make(self, "parked", Gauge("torpor_parked_threads", "Parked threads of the owned partitions.",
-                                   registry=self.registry))
+def provider_of(model: str) -> str:
+    """The provider label of a model string: its API, or `other` (bounded cardinality)."""
+    head = model.strip().partition(":")[0]
+    return head if head in _PROVIDERS else OTHER_PROVIDER
 
 
 @dataclass(slots=True)
-class _Pending:
-    """What one partition's open checkpoint will count if it commits."""
+class _Owned:
+    """What the scrape reads of one owned partition."""
 
-    dispositions: Counter[tuple[str, str]] = field(default_factory=Counter)
-    dispatches: int = 0
-    touched: set[str] = field(default_factory=set)
+    store_path: Path
+    committed: int | None
+    parked: set[str] = field(default_factory=set)
 
 
-class MeteredTask:
-    """A `ThreadTask` whose committed outputs are counted (the module docstring)."""
+class ProcessorMetrics:
+    """The processor's metrics, in a registry of their own (so two processors in one process,
+    as in tests, never share counters). See the module docstring."""
 
-    def __init__(self, task: ThreadTask, metrics: ProcessorMetrics, codec: Codec, topics: TopicNames,
-                 parked: dict[int, set[str]]) -> None:
-        self._task = task
-        self._metrics = metrics
-        self._codec = codec
-        self._topics = topics
-        self._parked = parked  # partition -> parked threads, shared by the processor's tasks
-        self._pending = _Pending()
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry or CollectorRegistry()
+        self._lock = threading.Lock()  # `_owned`: written on the loop's thread, read by scrapes
+        self._owned: dict[int, _Owned] = {}
+        self._watermark: Watermark | None = None
+        self.inputs = PromCounter("torpor_inputs", "Inputs folded, by receipt disposition.",
+                                  ["disposition", "reason"], registry=registry)
+        self.dispatches = PromCounter("torpor_dispatches", "Dispatches committed to the outbox.",
+                                      registry=registry)
+        self.parked = Gauge("torpor_parked_threads", "Parked threads of the owned partitions.",
+                            registry=registry)
+        self.commit_seconds = Histogram("torpor_checkpoint_commit_seconds",
+                                        "Time to commit a checkpoint (transaction and store).",
+                                        buckets=_COMMIT_BUCKETS, registry=registry)
+        self.aborts = PromCounter("torpor_transaction_aborts", "Transactions aborted, by cause.",
+                                  ["cause"], registry=registry)
+        self.completions = PromCounter("torpor_completions", "Completions the model stage published.",
+                                       ["provider", "outcome"], registry=registry)
+        self.model_seconds = Histogram("torpor_model_seconds",
+                                       "Provider time of a completion, retries included.",
+                                       ["provider", "outcome"], buckets=_MODEL_BUCKETS, registry=registry)
+        self.tokens = PromCounter("torpor_model_tokens", "Tokens the providers reported.",
+                                  ["provider", "direction"], registry=registry)
+        registry.register(_PartitionCollector(self))
 
-    def offsets(self) -> StoredOffsets:
-        return self._task.offsets()
+    def track_lag(self, watermark: Watermark) -> None:
+        """Report `torpor_consumer_lag` from `watermark` (the processor's, once it exists)."""
+        self._watermark = watermark
 
-    def restore(self, changes: Sequence[Change], offsets: StoredOffsets) -> None:
-        self._task.restore(changes, offsets)
+    # --- the loop (streams.checkpoints.CheckpointObserver) ------------------------------
 
-    def start(self) -> None:
-        self._task.start()
-        store = self._task._store  # the partition's store, restored: read once for the parked gauge
-        self._parked[self._task.partition] = {t for t in thread_ids(store) if _is_parked(store, t)}
+    def committed(self, seconds: float) -> None:
+        self.commit_seconds.observe(seconds)
+
+    def aborted(self, cause: str) -> None:
+        self.aborts.labels(cause).inc()
+
+    # --- the partitions ------------------------------------------------------------------
+
+    def partition_started(self, partition: int, store: RocksStore, input_offset: int | None) -> None:
+        # Once per assignment: read every thread's state for the parked gauge.
+        parked = {t for t in thread_ids(store) if _is_parked(store, t)}
+        with self._lock:
+            self._owned[partition] = _Owned(store.path, input_offset, parked)
         self._set_parked()
 
-    def process(self, records: Sequence[InputRecord]) -> TaskOutput:
-        output = self._task.process(records)
-        pending = self._pending
-        for out in output.records:
-            if out.topic == self._topics.receipts:
-                receipt = self._decode(out.value, Receipt)
-                if receipt is not None:
-                    kind, _, reason = receipt.disposition.partition(":")
-                    pending.dispositions[(kind, reason)] += 1
-            elif out.topic == self._topics.outbox:
-                pending.dispatches += 1
-            elif out.topic == self._topics.events:
-                event = self._decode(out.value, ThreadEvent)
-                if event is not None and event.kind in _PARK_KINDS:
-                    pending.touched.add(event.thread_id)
-        return output
-
-    def commit(self, offsets: StoredOffsets) -> None:
-        self._task.commit(offsets)
-        pending, self._pending = self._pending, _Pending()
-        for (disposition, reason), count in pending.dispositions.items():
-            self._metrics.inputs.labels(disposition, reason).inc(count)
-        if pending.dispatches:
-            self._metrics.dispatches.inc(pending.dispatches)
-        if pending.touched:
-            parked = self._parked.setdefault(self._task.partition, set())
-            for thread in pending.touched:
-                if _is_parked(self._task._store, thread):
-                    parked.add(thread)
+    def partition_committed(self, work: CommittedWork, store: RocksStore) -> None:
+        dispositions: Counter[tuple[str, str]] = Counter()
+        dispatches = 0
+        touched: set[str] = set()
+        for output in work.steps:
+            for receipt in output.receipts:
+                kind, _, reason = receipt.disposition.partition(":")
+                dispositions[(kind, reason)] += 1
+            dispatches += len(output.dispatches)
+            touched.update(e.thread_id for e in output.events if e.kind in _PARK_KINDS)
+        if work.poisoned:
+            dispositions[("parked", "")] += work.poisoned
+        for (disposition, reason), count in dispositions.items():
+            self.inputs.labels(disposition, reason).inc(count)
+        if dispatches:
+            self.dispatches.inc(dispatches)
+        with self._lock:
+            owned = self._owned.get(work.partition)
+            if owned is None:
+                return
+            owned.committed = work.input_offset
+            for thread in touched:
+                if _is_parked(store, thread):
+                    owned.parked.add(thread)
                 else:
-                    parked.discard(thread)
+                    owned.parked.discard(thread)
+        if touched:
             self._set_parked()
 
-    def abort(self) -> None:
-        self._task.abort()
-        self._pending = _Pending()
-
-    def wipe(self) -> None:
-        self._task.wipe()
-
-    def close(self) -> None:
-        self._task.close()
-        self._parked.pop(self._task.partition, None)
+    def partition_closed(self, partition: int) -> None:
+        with self._lock:
+            self._owned.pop(partition, None)
         self._set_parked()
 
-    def _set_parked(self) -> None:
-        self._metrics.parked.set(sum(len(threads) for threads in list(self._parked.values())))
+    # --- the model stage (models.stage.CompletionObserver) -------------------------------
 
-    def _decode(self, value: bytes | None, cls: type[T]) -> T | None:
+    def completion_published(self, model: str, seconds: float, completion: Completion) -> None:
+        provider = provider_of(model)
+        outcome = "error" if completion.error is not None else "ok"
+        self.completions.labels(provider, outcome).inc()
+        self.model_seconds.labels(provider, outcome).observe(seconds)
+        self.tokens.labels(provider, "input").inc(max(0, completion.usage.input_tokens))
+        self.tokens.labels(provider, "output").inc(max(0, completion.usage.output_tokens))
+
+    # --- read by the scrape ----------------------------------------------------------------
+
+    def owned(self) -> dict[int, tuple[Path, int | None]]:
+        """Each owned partition's store directory and committed offset, now."""
+        with self._lock:
+            return {p: (o.store_path, o.committed) for p, o in self._owned.items()}
+
+    def watermark(self, partition: int) -> int | None:
+        return None if self._watermark is None else self._watermark(partition)
+
+    def _set_parked(self) -> None:
+        with self._lock:
+            count = sum(len(owned.parked) for owned in self._owned.values())
+        self.parked.set(count)
+
+
+class _PartitionCollector(Collector):
+    """`torpor_consumer_lag` and `torpor_store_bytes`, computed when scraped."""
+
+    def __init__(self, metrics: ProcessorMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        lag = GaugeMetricFamily("torpor_consumer_lag", "Inputs not yet committed, per owned partition.",
+                                labels=["partition"])
+        size = GaugeMetricFamily("torpor_store_bytes", "RocksDB store size on disk, per owned partition.",
+                                 labels=["partition"])
+        for partition, (path, committed) in sorted(self._metrics.owned().items()):
+            high = self._metrics.watermark(partition)
+            if high is not None:
+                lag.add_metric([str(partition)], float(max(0, high - (committed or 0))))
+            size.add_metric([str(partition)], float(_directory_bytes(path)))
+        yield lag
+        yield size
+
+
+def _directory_bytes(path: Path) -> int:
+    """The bytes of the files in `path` (a RocksDB directory is flat); files that vanish
+    mid-scan (a compaction) are skipped."""
+    total = 0
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return 0
+    for entry in entries:
         try:
-            return self._codec.decode(None, value or b"", cls)
-        except DecodeError:  # the processor wrote it: a record it cannot read back is not a metric's concern
-            return None
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total
 
 
 def _is_parked(store: Store, thread_id: str) -> bool:
     state = load_state(store, thread_id)
     return state is not None and state.status is Status.PARKED
-
-
-class MeteredProcessor(Processor):
-    """A `Processor` that counts into `metrics` (see the module docstring)."""
-
-    def __init__(self, *args: object, metrics: ProcessorMetrics | None = None, **kwargs: object) -> None:
-        self.metrics = metrics or ProcessorMetrics()
-        self._parked: dict[int, set[str]] = {}
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.loop.commit_checkpoint = self._timed(self.loop.commit_checkpoint)  # type: ignore[method-assign,assignment]
-        # The stages take the sink when their partition starts, after this: they get the counting one.
-        self.sink = _CountingSink(self.sink, self.metrics)  # type: ignore[assignment]
-
-    def _open_task(self, partition: int) -> MeteredTask:  # type: ignore[override]
-        return MeteredTask(super()._open_task(partition), self.metrics, self.codec, self.topics, self._parked)
-
-    def _timed(self, commit: Callable[[Deadline], bool]) -> Callable[[Deadline], bool]:
-        loop = self.loop
-
-        def timed(deadline: Deadline) -> bool:
-            before = (loop.commits, loop.aborts)
-            started = time.perf_counter()
-            committed = commit(deadline)
-            took = time.perf_counter() - started
-            if (loop.commits, loop.aborts) != before:  # nothing was open: nothing to time
-                outcome = "committed" if committed else "aborted"
-                self.metrics.commit_seconds.labels(outcome).observe(took)
-                self.metrics.checkpoints.labels(outcome).inc()
-            return committed
-
-        return timed
-
-
-class _CountingSink:
-    """The stage's sink, counting each completion it publishes (ok, or an error completion)."""
-
-    def __init__(self, sink: StageSink, metrics: ProcessorMetrics) -> None:
-        self._sink = sink
-        self._metrics = metrics
-
-    def publish_event(self, event: ThreadEvent) -> None:
-        self._sink.publish_event(event)
-
-    def publish_completion(self, completion: Input) -> None:
-        self._sink.publish_completion(completion)
-        body = completion.body
-        failed = isinstance(body, Completion) and body.error is not None
-        self._metrics.completions.labels("error" if failed else "ok").inc()
-
-
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """Serve `registry` on http://host:port/metrics from a daemon thread; returns the server
-    (`server_port` is the port, when `port` is 0) and its thread. Raises `ConfigError` if it
-    cannot listen there."""
-    try:
-        return start_http_server(port, addr=host, registry=registry)
-    except OSError as error:
-        raise ConfigError(f"cannot serve metrics on {host}:{port}: {error}") from None

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from torpor.processors.admission import Refused, admit
 from torpor.processors.fold.effects import RequestCompletion
@@ -45,9 +45,10 @@ from torpor.processors.fold.verify import Verifier
 from torpor.processors.local import now_ms, tune_collector
 from torpor.processors.models.provider import ModelProvider
 from torpor.processors.models.stage import ModelStage, StageConfig
+from torpor.processors.observing import CommittedWork, ProcessorObserver
 from torpor.processors.outputs import OutputWriter
 from torpor.processors.restoring import RocksTarget
-from torpor.processors.step import StepRecord, step
+from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store.kv import Overlay, RocksStore, StoreOffsets
 from torpor.processors.store.tables import HistoryCache
 from torpor.processors.trust import trust_for
@@ -175,6 +176,9 @@ class ThreadTask:
         self._target = RocksTarget(processor.config.store_dir / f"partition-{partition}")
         self._overlay: Overlay | None = None
         self._requests: list[RequestCompletion] = []
+        # What the open checkpoint folded here, held for the observer until it commits.
+        self._steps: list[StepOutput] = []
+        self._poisoned = 0
         self.stage: ModelStage | None = None
 
     @property
@@ -188,14 +192,18 @@ class ThreadTask:
         self._target.restore(changes, offsets)
 
     def start(self) -> None:
+        observer = self._processor.observer
         stage = ModelStage(self._store, self._processor.provider, self._processor.sink, now_ms,
-                           self._processor.config.stage, self._processor.histories)
+                           self._processor.config.stage, self._processor.histories, observer)
         self.stage = stage
         self._processor.stages.call(stage.resume)  # threads a previous owner left awaiting the model
+        if observer is not None:
+            observer.partition_started(self.partition, self._store, self.offsets().input_offset)
 
     def process(self, records: Sequence[InputRecord]) -> TaskOutput:
         overlay = self._overlay = self._overlay or Overlay(self._store)
         writer, codec, topic = self._processor.writer, self._processor.codec, self._processor.topics.inputs
+        observed = self._processor.observer is not None
         out: list[OutputRecord] = []
         changes: list[Change] = []
         run: list[StepRecord] = []
@@ -209,6 +217,8 @@ class ThreadTask:
                 out.extend(writer.step_records(result, originals))
                 changes.extend(result.changes)
                 self._requests.extend(result.completions)
+                if observed:
+                    self._steps.append(result)
                 run.clear()
 
         def park(record: InputRecord, error: DecodeError, what: str) -> None:
@@ -216,6 +226,7 @@ class ThreadTask:
             log.error("%s input parked: %s", what, error, extra={
                 "partition": record.partition, "offset": record.offset, "disposition": "parked"})
             out.extend(writer.poison_records(record, error))
+            self._poisoned += 1
 
         limit = self._processor.max_input_bytes
         for record in records:
@@ -233,6 +244,11 @@ class ThreadTask:
             self._overlay.commit(StoreOffsets(offsets.changelog_offset, offsets.input_offset))
             self._overlay = None
         requests, self._requests = self._requests, []
+        steps, self._steps, poisoned, self._poisoned = self._steps, [], self._poisoned, 0
+        observer = self._processor.observer
+        if observer is not None:
+            work = CommittedWork(self.partition, tuple(steps), poisoned, offsets.input_offset)
+            observer.partition_committed(work, self._store)
         stage = self.stage
         if stage is not None and requests:
             # Committed now: the model may run (DESIGN 5). One hand-over per checkpoint,
@@ -244,6 +260,7 @@ class ThreadTask:
             self._overlay.abort()
             self._overlay = None
         self._requests = []
+        self._steps, self._poisoned = [], 0
 
     def wipe(self) -> None:
         self._target.wipe()
@@ -252,6 +269,8 @@ class ThreadTask:
         if self.stage is not None:
             self._processor.stages.wait(self.stage.cancel(), CANCEL_SECONDS)
             self.stage = None
+        if self._processor.observer is not None:
+            self._processor.observer.partition_closed(self.partition)
         self._store.close()
 
     @property
@@ -278,7 +297,9 @@ class Processor:
         verifier: Verifier | None = None,
         default_config: ThreadConfig | None = None,
         hosted_busy: Callable[[], bool] = lambda: False,
+        observer: ProcessorObserver | None = None,
     ) -> None:
+        self.observer = observer  # told of commits, partitions and completions (`observing`)
         self._hosted_busy = hosted_busy  # connectors hosted beside the processor (the CLI's)
         self.settings = settings
         self.config = config
@@ -315,12 +336,27 @@ class Processor:
                          commit_every=config.commit_every),
             is_busy=self._is_busy,
             renewal=renewal,
+            observer=observer,
         )
 
     def _open_task(self, partition: int) -> ThreadTask:
         task = ThreadTask(partition, self)
         self.tasks[partition] = task
         return task
+
+    def high_watermark(self, partition: int) -> int | None:
+        """The end of `inputs` partition `partition` (read_committed: its last stable offset)
+        as the consumer last heard from the broker, or None when unknown. Cached, no request:
+        safe to call from another thread (a metrics scrape), even after the consumer closed."""
+        try:
+            found = self.loop.consumer.get_watermark_offsets(
+                TopicPartition(self.topics.inputs, partition), cached=True)
+        except (KafkaException, RuntimeError):  # RuntimeError: the consumer is closed
+            return None
+        if found is None:
+            return None
+        high: int = found[1]
+        return high if high >= 0 else None
 
     def _is_busy(self) -> bool:
         self._sink_producer.poll(0)  # serve delivery reports so len() counts only the undelivered

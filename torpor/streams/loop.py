@@ -258,6 +258,11 @@ class CheckpointLoop:
         self.renewals = 0
         self.rejoins = 0
 
+    @property
+    def consumer(self) -> Consumer:
+        """The group consumer now in use: a rejoin after FENCED_INSTANCE_ID replaces it."""
+        return self._consumer
+
     # --- running ------------------------------------------------------------------
 
     def run(self, should_stop: Callable[[], bool], *, until_idle: bool = False) -> None:

@@ -36,6 +36,7 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -114,6 +115,15 @@ class StageSink(Protocol):
         ...
 
 
+class CompletionObserver(Protocol):
+    """Told of each completion the stage published (the processor's metrics): the request's
+    model string, how long its provider calls took (every attempt and backoff, not the wait
+    for a free slot), and the `Completion` body (its usage, its error). Called on the
+    stage's thread; must be quick and must not raise."""
+
+    def completion_published(self, model: str, seconds: float, completion: Completion) -> None: ...
+
+
 class ModelStage:
     """Runs completion requests against `provider`; see the module docstring."""
 
@@ -125,7 +135,9 @@ class ModelStage:
         clock: Callable[[], int],
         config: StageConfig | None = None,
         histories: HistoryCache | None = None,
+        observer: CompletionObserver | None = None,
     ) -> None:
+        self._observer = observer
         self._store = store
         self._provider = provider
         self._sink = sink
@@ -181,9 +193,14 @@ class ModelStage:
             log.info("completion request dropped: the thread no longer awaits it", extra=where)
             return
         async with self._gate:
+            started = time.monotonic()
             completion = await self._attempts(prepared)
+            took = time.monotonic() - started
         self._sink.publish_completion(completion)
-        failed = isinstance(completion.body, Completion) and completion.body.error is not None
+        body = completion.body
+        failed = isinstance(body, Completion) and body.error is not None
+        if self._observer is not None and isinstance(body, Completion):
+            self._observer.completion_published(prepared.model, took, body)
         log.log(logging.WARNING if failed else logging.DEBUG, "completion published", extra=where)
 
     def _prepare(self, request: RequestCompletion) -> CompletionRequest | None:

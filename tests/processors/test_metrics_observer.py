@@ -1,0 +1,74 @@
+"""`ProcessorMetrics` as an observer, without a broker: it counts only what it is told
+was committed, reads the parked gauge from the committed store, and keeps its labels
+bounded whatever a thread names as its model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.processors.fold_scenarios import completion, control, create
+from tests.processors.test_step import Feed, envelope
+from torpor.processors.metrics import ProcessorMetrics, provider_of
+from torpor.processors.observing import CommittedWork
+from torpor.processors.step import step
+from torpor.processors.store.kv import RocksStore
+
+
+def _value(metrics: ProcessorMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_committed_work_is_counted_by_disposition_and_the_parked_gauge_follows_the_store(
+        tmp_path: Path) -> None:
+    store, feed = RocksStore(tmp_path / "partition-0"), Feed()
+    metrics = ProcessorMetrics()
+    metrics.partition_started(0, store, None)
+    first = step(store, feed(envelope("m-create", create()), envelope("m-create", create())))
+    park = envelope("m-park", control("park", reason="look"), source="operator:o")
+    second = step(store, feed(park))
+    metrics.partition_committed(CommittedWork(0, (first, second), poisoned=1, input_offset=3), store)
+    assert _value(metrics, "torpor_inputs_total", disposition="applied", reason="") == 2
+    assert _value(metrics, "torpor_inputs_total", disposition="duplicate", reason="") == 1
+    assert _value(metrics, "torpor_inputs_total", disposition="parked", reason="") == 1  # the poisoned one
+    assert _value(metrics, "torpor_parked_threads") == 1
+    assert metrics.owned() == {0: (store.path, 3)}
+    assert _value(metrics, "torpor_store_bytes", partition="0") is not None
+    # A scrape without a watermark source reports no lag rather than a made-up one.
+    assert _value(metrics, "torpor_consumer_lag", partition="0") is None
+    metrics.track_lag(lambda partition: 10)
+    assert _value(metrics, "torpor_consumer_lag", partition="0") == 7
+    metrics.partition_closed(0)
+    assert _value(metrics, "torpor_parked_threads") == 0
+    assert _value(metrics, "torpor_store_bytes", partition="0") is None
+    store.close()
+
+
+def test_a_restarted_partition_finds_its_parked_threads_in_the_store(tmp_path: Path) -> None:
+    store, feed = RocksStore(tmp_path / "partition-0"), Feed()
+    step(store, feed(envelope("m-create", create())))
+    step(store, feed(envelope("m-park", control("park", reason="look"), source="operator:o")))
+    metrics = ProcessorMetrics()
+    metrics.partition_started(0, store, 2)
+    assert _value(metrics, "torpor_parked_threads") == 1
+    store.close()
+
+
+def test_checkpoints_and_completions_are_counted_by_outcome_and_provider() -> None:
+    metrics = ProcessorMetrics()
+    metrics.committed(0.02)
+    metrics.aborted("CheckpointAbortedError")
+    metrics.completion_published("openai:gpt-4o-mini", 1.5, completion("r1", "hi", total_tokens=30))
+    assert _value(metrics, "torpor_checkpoint_commit_seconds_count") == 1
+    assert _value(metrics, "torpor_transaction_aborts_total", cause="CheckpointAbortedError") == 1
+    assert _value(metrics, "torpor_completions_total", provider="openai", outcome="ok") == 1
+    assert _value(metrics, "torpor_model_seconds_sum", provider="openai", outcome="ok") == 1.5
+    usage = completion("r1", "hi", total_tokens=30).usage
+    assert _value(metrics, "torpor_model_tokens_total", provider="openai",
+                  direction="output") == usage.output_tokens
+
+
+def test_a_model_string_from_an_input_cannot_grow_the_provider_label() -> None:
+    assert provider_of("anthropic:claude") == "anthropic"
+    assert provider_of("scripted") == "scripted"
+    assert provider_of("x" * 500 + ":y") == "other"
+    assert provider_of("") == "other"
