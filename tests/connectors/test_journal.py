@@ -208,3 +208,23 @@ def test_an_effect_served_from_memory_is_the_one_its_row_decodes_to(tmp_path: Pa
     journal.close()
     assert remembered == EffectJournal(tmp_path / "journal").entry("rq1")
     assert remembered is not None and remembered.state == EffectState.DELIVERED
+
+
+def test_every_move_of_an_effect_is_told_once_and_followups_and_redeliveries_are_not(reopen: Open) -> None:
+    journal = reopen()
+    moves: list[tuple[str, EffectState]] = []
+    journal.on_moved = lambda effect: moves.append((effect.request_id, effect.state))
+    journal.begin(dispatch("rq1", "c1"), 1)
+    journal.begin(dispatch("rq1", "c1"), 2)  # redelivered: already journaled, no move
+    journal.begin(dispatch("rq2", "c2"), 3)
+    journal.follow(dispatch("rq9", "c2", kind="approval_decision"), 4)  # kept with rq2, no move
+    journal.finish("rq1", answer("rq1", "c1"), 5)
+    journal.delivered("rq1", 6)
+    journal.delivered("rq1", 7)  # delivered already: no move
+    journal.cancel("t1", "c2", 8)
+    journal.begin(dispatch("rq3", "c3"), 9)
+    journal.recover(10)
+    journal.restart("rq3", 11)
+    s = EffectState
+    assert moves == [("rq1", s.DISPATCHED), ("rq2", s.DISPATCHED), ("rq1", s.DONE), ("rq1", s.DELIVERED),
+                     ("rq2", s.CANCELLED), ("rq3", s.DISPATCHED), ("rq3", s.UNKNOWN), ("rq3", s.DISPATCHED)]

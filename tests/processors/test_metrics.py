@@ -31,14 +31,19 @@ WAIT_S: Final = 120.0
 EXPECTED_RECEIPTS: Final = 10
 
 
-def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""A scrape: (sample name, its labels sorted) -> value."""
+
+
+def scrape(url: str) -> Samples:
+    """Every sample `url` serves now."""
     with urllib.request.urlopen(url, timeout=30) as response:
         text = response.read().decode()
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
-def _inputs(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> Counter[str]:
+def _inputs(samples: Samples) -> Counter[str]:
     counted: Counter[str] = Counter()
     for (name, labels), value in samples.items():
         if name == "torpor_inputs_total" and value:
@@ -68,9 +73,9 @@ def test_the_metrics_endpoint_counts_what_the_receipts_say(deployment: Deploymen
                timeout=WAIT_S, message="the thread to be parked to answer first")
     deployment.send(_operator(parked, 4_000, Control("park", None, None, "metrics")))
 
-    def settled() -> tuple[Counter[str], dict[tuple[str, tuple[tuple[str, str], ...]], float]] | None:
+    def settled() -> tuple[Counter[str], Samples] | None:
         receipts = Counter(r.disposition for r in deployment.receipts())
-        samples = _scrape(url)
+        samples = scrape(url)
         if sum(receipts.values()) < EXPECTED_RECEIPTS or _inputs(samples) != receipts:
             return None
         return receipts, samples

@@ -21,8 +21,10 @@ from typing import Any, Final
 import click
 
 from torpor.cli.logs import configure
+from torpor.cli.metrics import serve_metrics
 from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.connectors.journal import EffectJournal
+from torpor.connectors.metrics import ConnectorMetrics
 from torpor.connectors.runtime import ConnectorFactory, ConnectorRuntime
 from torpor.schemas.errors import ConfigError, TorporError
 from torpor.schemas.signer import Signer, SignerSettings
@@ -49,6 +51,10 @@ _OPTIONS: Final = (
     click.option("--wait-for-topics/--no-wait-for-topics", default=True, show_default=True,
                  help="Wait (saying so once) for the outbox, inputs and toolsets topics if they do not "
                       "exist yet; with --no-wait-for-topics, name the missing ones and exit 1."),
+    click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, envvar="TORPOR_METRICS_PORT",
+                 help="Serve Prometheus metrics on http://--metrics-host:PORT/metrics (0: any free port, "
+                      "printed). Default: no metrics."),
+    click.option("--metrics-host", default="127.0.0.1", show_default=True, help="The address of /metrics."),
     click.option("--log-level", default="info", show_default=True),
 )
 
@@ -99,8 +105,8 @@ def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
 
 
 def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_key_id: str | None,
-           signing_key: Path | None, concurrency: int | None, wait_for_topics: bool, log_level: str,
-           config_file: Path | None, bootstrap: str | None) -> None:
+           signing_key: Path | None, concurrency: int | None, wait_for_topics: bool, metrics_port: int | None,
+           metrics_host: str, log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
     configure(log_level)
     settings = read_settings(config_file, bootstrap)
     factory = import_factory(target)
@@ -113,9 +119,14 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
     except Exception as error:  # rocksdict raises a bare Exception for a locked or broken directory
         raise click.ClickException(f"effect journal {journal_dir}: cannot open it: {error} "
                                    "(is another connector process using it?)") from None
+    metrics = None if metrics_port is None else ConnectorMetrics()
     try:
         runner = ConnectorRuntime(settings, factory, group=group, journal=journal, signer=signer,
-                                  max_concurrency=concurrency, wait_for_topics=wait_for_topics)
+                                  max_concurrency=concurrency, wait_for_topics=wait_for_topics,
+                                  observer=metrics)
+        if metrics is not None and metrics_port is not None:
+            server, _ = serve_metrics(metrics.registry, metrics_host, metrics_port)
+            click.echo(f"metrics on http://{metrics_host}:{server.server_port}/metrics", err=True)
     except ConfigError as error:
         journal.close()
         raise click.ClickException(str(error)) from None

@@ -36,6 +36,10 @@ the dispatch's outbox offset at once: a week-long timer holds no offset back.
 
 `prune(before_ms)` forgets delivered and cancelled effects older than a retention window
 (a dispatch redelivered after that would run again).
+
+`on_moved`, when set (the connector's metrics), is called with each effect this process
+moves into a state (begun or re-run: `dispatched`; `done`, `delivered`, `cancelled`;
+`unknown` at recovery), after the write. Followups and pruning move no effect.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import dataclasses
 import enum
 import json
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -101,6 +105,7 @@ class EffectJournal:
         # effect back three times (the answer, finish, delivered): without this, three JSON
         # and Avro decodes. Bounded: the memory does not grow with the effects journaled.
         self._known: OrderedDict[str, Effect] = OrderedDict()
+        self.on_moved: Callable[[Effect], None] | None = None  # module docstring
         self._db: MutableMapping[bytes, bytes]
         if path is None:
             self._db = {}
@@ -146,6 +151,7 @@ class EffectJournal:
         self._write_rows(((_effect_key(effect.request_id), _encode(effect)),
                           (_call_key(dispatch.thread_id, dispatch.call_id), dispatch.request_id.encode())))
         self._remember(effect)
+        self._moved(effect)
         return None
 
     def restart(self, request_id: str, now_ms: int) -> None:
@@ -154,8 +160,10 @@ class EffectJournal:
 
     def finish(self, request_id: str, answer: Input, now_ms: int) -> None:
         """Store the effect's final answer, before it is produced."""
-        effect = self._require(request_id)
-        self._put(dataclasses.replace(effect, state=EffectState.DONE, updated_at=now_ms, answer=answer))
+        done = dataclasses.replace(self._require(request_id), state=EffectState.DONE, updated_at=now_ms,
+                                   answer=answer)
+        self._put(done)
+        self._moved(done)
 
     def delivered(self, request_id: str, now_ms: int) -> None:
         """The broker acknowledged the final answer: nothing is left to do for this effect."""
@@ -165,6 +173,7 @@ class EffectJournal:
             delivered = dataclasses.replace(effect, state=EffectState.DELIVERED, updated_at=now_ms)
             self._write_rows(((_effect_key(request_id), _encode(delivered)),), durable=False)
             self._remember(delivered)
+            self._moved(delivered)
 
     def follow(self, dispatch: Dispatch, now_ms: int) -> bool:
         """Keep a dispatch for the call's running effect (an approval decision); False: none runs."""
@@ -190,7 +199,9 @@ class EffectJournal:
         effect = self._running(thread_id, call_id)
         if effect is None:
             return None
-        self._put(dataclasses.replace(effect, state=EffectState.CANCELLED, updated_at=now_ms))
+        cancelled = dataclasses.replace(effect, state=EffectState.CANCELLED, updated_at=now_ms)
+        self._put(cancelled)
+        self._moved(cancelled)
         return effect.request_id
 
     def recover(self, now_ms: int) -> list[Effect]:
@@ -201,6 +212,7 @@ class EffectJournal:
                 if effect.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
                     effect = dataclasses.replace(effect, state=EffectState.UNKNOWN, updated_at=now_ms)
                     self._put(effect)
+                    self._moved(effect)
                     found.append(effect)
                 elif effect.state == EffectState.DONE:
                     found.append(effect)
@@ -253,7 +265,13 @@ class EffectJournal:
         return effect
 
     def _move(self, request_id: str, state: EffectState, now_ms: int) -> None:
-        self._put(dataclasses.replace(self._require(request_id), state=state, updated_at=now_ms))
+        moved = dataclasses.replace(self._require(request_id), state=state, updated_at=now_ms)
+        self._put(moved)
+        self._moved(moved)
+
+    def _moved(self, effect: Effect) -> None:
+        if self.on_moved is not None:
+            self.on_moved(effect)
 
     def _put(self, effect: Effect) -> None:
         self._write(_effect_key(effect.request_id), _encode(effect))

@@ -53,6 +53,7 @@ from torpor.connectors.inprocess import CLOSE_THREAD
 from torpor.connectors.intake import DEFAULT_RETENTION_MS, JournaledIntake
 from torpor.connectors.journal import EffectJournal
 from torpor.connectors.manifest import publish_manifest
+from torpor.connectors.metrics import ConnectorObserver
 from torpor.connectors.offsets import OutboxOffsets
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
@@ -108,7 +109,7 @@ class ConnectorRuntime:
                  journal: EffectJournal | None = None, codec: Codec | None = None,
                  signer: Signer | None = None, retention_ms: int = DEFAULT_RETENTION_MS,
                  max_concurrency: int | None = None, clock: Callable[[], int] = now_ms,
-                 wait_for_topics: bool = True) -> None:
+                 wait_for_topics: bool = True, observer: ConnectorObserver | None = None) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, not {max_concurrency}")
         self._max_concurrency = max_concurrency
@@ -120,6 +121,9 @@ class ConnectorRuntime:
             max_bytes=settings.inputs.max_bytes, signer=signer, clock=clock, produce=self._produce,
             retention_ms=retention_ms)
         self.journal = self._intake.journal
+        self._observer = observer  # told what is taken, produced and journaled (connectors.metrics)
+        if observer is not None:
+            self.journal.on_moved = observer.effect_moved
         self._consumer = make_consumer(settings, group, on_commit=self._on_commit)
         self._offsets = OutboxOffsets(self._consumer, self._topics.outbox)
         self._producer = make_producer(settings)
@@ -149,6 +153,8 @@ class ConnectorRuntime:
                 self._producer.produce(self._topics.inputs, value=value, key=key,
                                        partition=partition_for(key, self._partitions),
                                        on_delivery=on_delivery)
+                if self._observer is not None:
+                    self._observer.sent(record)
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -191,12 +197,16 @@ class ConnectorRuntime:
                     for dispatch in taken:
                         log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra={
                             "thread_id": dispatch.thread_id, "message_id": dispatch.request_id})
+                        if self._observer is not None:
+                            self._observer.taken(dispatch)
                 # Only now: a journal write that raised must not let the offsets pass its dispatches.
                 for message in messages:
                     partition, offset = message.partition(), message.offset()
                     if message.error() is None and partition is not None and offset is not None:
                         self._offsets.taken(partition, offset)
                 self._producer.poll(0)
+                if self._observer is not None:
+                    self._observer.running(self.connector.busy)
                 self._offsets.commit_due()
                 self._intake.prune_due()
                 idle = not messages and self.connector.busy == 0 and self._caught_up()
