@@ -5,7 +5,8 @@ transaction leaves them): two echo calls, one of them redelivered, a slow call a
 cancel, and a call for another connector's tool. The connector's `/metrics` then counts
 what it took by kind, the results it produced exactly as the `inputs` topic holds them,
 the journal's moves (a redelivered call is not begun twice; the cancelled one is never
-done) and the latency of the effects that finished.
+done) and the latency of the effects that finished. It logs in JSON (`--log-format json`):
+every line it wrote parses, and each dispatch it journaled is logged with its request id.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _value(samples: Samples, name: str, **labels: str) -> float:
 
 def test_the_connector_metrics_count_what_it_took_produced_and_journaled(deployment: Deployment) -> None:
     deployment.start([TORPOR, "connector", "run-echo", "--group", f"conn-{deployment.prefix}",
-                      "--journal-dir", str(deployment.root / "journal"), "--metrics-port", "0"], "connector")
+                      "--journal-dir", str(deployment.root / "journal"), "--metrics-port", "0",
+                      "--log-format", "json"], "connector")
     found = wait_until(lambda: re.search(r"metrics on (http://\S+/metrics)", deployment.log("connector")),
                        timeout=WAIT_S, message="the metrics address in the connector's log")
     url = found.group(1)
@@ -90,3 +92,7 @@ def test_the_connector_metrics_count_what_it_took_produced_and_journaled(deploym
     assert _value(samples, "torpor_connector_effects_total", state="unknown") == 0
     assert _value(samples, "torpor_connector_effect_seconds_count", tool="echo") == 2
     assert _value(samples, "torpor_connector_effects_running") == 0
+    lines = [json.loads(line) for line in deployment.log("connector").splitlines()]
+    journaled = [line for line in lines if "journaled" in line["message"]]
+    assert len(journaled) == 5, journaled
+    assert all(line["request_id"] and line["thread_id"] for line in journaled), journaled

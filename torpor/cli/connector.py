@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import click
 
-from torpor.cli.logs import configure
+from torpor.cli.logs import LOG_FORMAT_OPTION, announce, configure
 from torpor.cli.metrics import serve_metrics
 from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.connectors.journal import EffectJournal
@@ -56,6 +56,7 @@ _OPTIONS: Final = (
                       "printed). Default: no metrics."),
     click.option("--metrics-host", default="127.0.0.1", show_default=True, help="The address of /metrics."),
     click.option("--log-level", default="info", show_default=True),
+    LOG_FORMAT_OPTION,
 )
 
 
@@ -106,8 +107,9 @@ def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
 
 def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_key_id: str | None,
            signing_key: Path | None, concurrency: int | None, wait_for_topics: bool, metrics_port: int | None,
-           metrics_host: str, log_level: str, config_file: Path | None, bootstrap: str | None) -> None:
-    configure(log_level)
+           metrics_host: str, log_level: str, log_format: str, config_file: Path | None,
+           bootstrap: str | None) -> None:
+    configure(log_level, log_format)
     settings = read_settings(config_file, bootstrap)
     factory = import_factory(target)
     signer = _signer(signing_key_id, signing_key)
@@ -126,7 +128,7 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
                                   observer=metrics)
         if metrics is not None and metrics_port is not None:
             server, _ = serve_metrics(metrics.registry, metrics_host, metrics_port)
-            click.echo(f"metrics on http://{metrics_host}:{server.server_port}/metrics", err=True)
+            announce(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
     except ConfigError as error:
         journal.close()
         raise click.ClickException(str(error)) from None
@@ -136,9 +138,9 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
     try:
         asyncio.run(runner.run(lambda: bool(stopping)))
     except TorporError as error:
-        print(f"fatal: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        announce(f"fatal: {type(error).__name__}: {error}", logging.CRITICAL)
         raise SystemExit(2) from None
-    click.echo(f"connector {name} stopped after {runner.handled} dispatches", err=True)
+    announce(f"connector {name} stopped after {runner.handled} dispatches")
 
 
 def import_factory(target: str) -> ConnectorFactory:

@@ -11,9 +11,9 @@ instance cleans up after this one.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import click
 
 from torpor.cli.hosted import HostedConnectors
-from torpor.cli.logs import configure
+from torpor.cli.logs import LOG_FORMAT_OPTION, announce, configure
 from torpor.cli.metrics import serve_metrics
 from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
@@ -91,6 +91,7 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
                    "-w<N-1>, stores under --store-dir/w<k>, metrics on consecutive ports. This "
                    "process supervises them and ends with the first failing one's status.")
 @click.option("--log-level", default="info", show_default=True)
+@LOG_FORMAT_OPTION
 @settings_options
 @click.pass_context
 def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Path | None,
@@ -98,14 +99,14 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
               default_model: str, openai_base_url: str | None, openai_api_key_env: str,
               anthropic_base_url: str | None, anthropic_api_key_env: str, bedrock_region: str | None,
               bedrock_endpoint_url: str | None, connectors: tuple[str, ...],
-              metrics_port: int | None, metrics_host: str, workers: int, log_level: str,
+              metrics_port: int | None, metrics_host: str, workers: int, log_level: str, log_format: str,
               config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     if workers > 1:
         commands = worker_commands(ctx, workers, instance, store_dir or Path(".torpor") / "stores" / instance,
                                    metrics_port)
         sys.exit(supervise(commands))
-    configure(log_level)
+    configure(log_level, log_format)
     # A stop asked for during startup (topics, stores) is honoured at the loop's first check.
     stopping: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -134,11 +135,11 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
         if metrics is not None and metrics_port is not None:
             metrics.track_lag(runner.high_watermark)
             server, _ = serve_metrics(metrics.registry, metrics_host, metrics_port)
-            click.echo(f"metrics on http://{metrics_host}:{server.server_port}/metrics", err=True)
+            announce(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
     hosted.start()
-    click.echo(f"processor {instance} started in group {app}", err=True)
+    announce(f"processor {instance} started in group {app}")
     try:
         runner.run(lambda: bool(stopping) or bool(hosted.failed), until_idle=until_idle)
     except TorporError as error:
@@ -149,7 +150,7 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
     if hosted.failed:
         _fatal(RuntimeError("hosted connector failed: " + "; ".join(hosted.failed)))
     loop = runner.loop
-    click.echo(f"processor {instance} stopped: {loop.commits} commits, {loop.aborts} aborts", err=True)
+    announce(f"processor {instance} stopped: {loop.commits} commits, {loop.aborts} aborts")
 
 
 def _key(variable: str) -> Secret | None:
@@ -163,11 +164,11 @@ def _warn_if_a_key_leaves(flag: str, endpoint: EndpointSettings, variable: str, 
         return
     host = urlsplit(endpoint.base_url).hostname or ""
     if host != vendor:
-        click.echo(f"warning: the key in ${variable} will be sent to {host} ({flag}), not to {vendor}; "
-                   f"unset {variable} (or point the key variable elsewhere) if {host} must not have it",
-                   err=True)
+        announce(f"warning: the key in ${variable} will be sent to {host} ({flag}), not to {vendor}; "
+                 f"unset {variable} (or point the key variable elsewhere) if {host} must not have it",
+                 logging.WARNING)
 
 
 def _fatal(error: BaseException) -> None:
-    print(f"fatal: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    announce(f"fatal: {type(error).__name__}: {error}", logging.CRITICAL)
     os._exit(EXIT_FATAL)

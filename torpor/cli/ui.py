@@ -23,7 +23,9 @@ from pathlib import Path
 
 import click
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
+from torpor.cli.logs import LOG_FORMAT_OPTION, LogFormat, configure
 from torpor.cli.send import produce_inputs
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options
@@ -49,11 +51,16 @@ from torpor.streams.topics import TopicNames
               help="Another Host name the page may be reached by (repeatable).")
 @click.option("--operator", default=None,
               help="Who acts from the page: operator:<name> (default: login name).")
+@LOG_FORMAT_OPTION
 @signing_options
 @settings_options
-def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, signing_key_id: str | None,
-       signing_key: Path | None, config_file: Path | None, bootstrap: str | None) -> None:
+def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, log_format: str,
+       signing_key_id: str | None, signing_key: Path | None, config_file: Path | None,
+       bootstrap: str | None) -> None:
     """Serve the inspector: the threads, their timelines, approvals and operator controls."""
+    json_logs = log_format == LogFormat.JSON
+    if json_logs:  # uvicorn's loggers then propagate to the JSON handler instead of their own
+        configure("info", log_format)
     settings = read_settings(config_file, bootstrap)
     signer = signer_for(signing_key_id, signing_key)
 
@@ -76,7 +83,8 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, sig
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     click.echo(f"torpor ui: http://{shown}:{sock.getsockname()[1]}/", nl=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=3))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=3,
+                                           log_config=None if json_logs else LOGGING_CONFIG))
     server.run(sockets=[sock])
 
 

@@ -44,6 +44,7 @@ from torpor.connectors.journal import EffectJournal, EffectState
 from torpor.schemas.codec import Codec
 from torpor.schemas.records import Dispatch, Input, TextBlock, TimerFired, ToolEvent, ToolResult
 from torpor.schemas.signer import Signer
+from torpor.streams.logfields import log_fields
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ class _HeldUntilSynced:
     def release(self) -> None:
         held, self._held = self._held, []
         for dispatch in held:
-            self._performer.submit(dispatch)
+            with log_fields(thread_id=dispatch.thread_id, request_id=dispatch.request_id):
+                self._performer.submit(dispatch)  # a task it starts keeps these log fields
 
 
 def final_request(record: Input) -> str | None:
@@ -179,7 +181,12 @@ class JournaledIntake:
         held.release()
 
     def route(self, dispatch: Dispatch, performer: Performer) -> None:
-        """Journal `dispatch` and pass it on to `performer` (module docstring)."""
+        """Journal `dispatch` and pass it on to `performer` (module docstring). What either
+        logs meanwhile, and any task the performer starts for it, names its thread and request."""
+        with log_fields(thread_id=dispatch.thread_id, request_id=dispatch.request_id):
+            self._route(dispatch, performer)
+
+    def _route(self, dispatch: Dispatch, performer: Performer) -> None:
         now = self._clock()
         if dispatch.kind == INVOKE:
             found = self.journal.begin(dispatch, now)
@@ -210,15 +217,16 @@ class JournaledIntake:
                 self._produce(effect.answer, effect.request_id)
                 resent += 1
             elif effect.state == EffectState.UNKNOWN:
-                # Before any retry: did the effect happen? (the tool answers if it did)
-                if performer.reconcile(effect.dispatch):
-                    reconciled += 1
-                    continue
-                self.journal.restart(effect.request_id, now)
-                performer.submit(effect.dispatch)
-                for followup in effect.followups:
-                    performer.submit(followup)
-                rerun += 1
+                with log_fields(thread_id=effect.dispatch.thread_id, request_id=effect.request_id):
+                    # Before any retry: did the effect happen? (the tool answers if it did)
+                    if performer.reconcile(effect.dispatch):
+                        reconciled += 1
+                        continue
+                    self.journal.restart(effect.request_id, now)
+                    performer.submit(effect.dispatch)
+                    for followup in effect.followups:
+                        performer.submit(followup)
+                    rerun += 1
         if found or pruned:
             log.info("journal recovered: %d answers re-sent, %d effects reconciled, %d re-run, %d pruned",
                      resent, reconciled, rerun, pruned)

@@ -196,7 +196,8 @@ class ConnectorRuntime:
                     self.handled += len(taken)
                     for dispatch in taken:
                         log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra={
-                            "thread_id": dispatch.thread_id, "message_id": dispatch.request_id})
+                            "thread_id": dispatch.thread_id, "message_id": dispatch.request_id,
+                            "request_id": dispatch.request_id})
                         if self._observer is not None:
                             self._observer.taken(dispatch)
                 # Only now: a journal write that raised must not let the offsets pass its dispatches.

@@ -59,6 +59,7 @@ from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, Usage
 from torpor.streams.config import MAX_INPUT_BYTES_CEILING
+from torpor.streams.logfields import log_fields
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,11 @@ class ModelStage:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, request: RequestCompletion) -> None:
+        # This task's context: whatever the provider's adapter logs names the thread and request.
+        with log_fields(thread_id=request.thread_id, request_id=request.request_id):
+            await self._run_request(request)
+
+    async def _run_request(self, request: RequestCompletion) -> None:
         where = {"thread_id": request.thread_id, "message_id": request.request_id}
         prepared = self._prepare(request)
         if prepared is None:
