@@ -19,8 +19,9 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.connectors.test_journal import CAPABILITY
-from tests.processors.test_metrics import Samples, scrape
+from tests.processors.test_metrics import Samples, exposition, scrape
 from tests.processors.test_processor import TORPOR, Deployment, deployment
+from tests.test_compose import CONNECTOR_PREFIX, dashboard_metric_names, exported_names
 from tests.waiting import wait_until
 from torpor.schemas.codec import encode_value
 from torpor.schemas.records import Dispatch, ToolResult
@@ -92,6 +93,9 @@ def test_the_connector_metrics_count_what_it_took_produced_and_journaled(deploym
     assert _value(samples, "torpor_connector_effects_total", state="unknown") == 0
     assert _value(samples, "torpor_connector_effect_seconds_count", tool="echo") == 2
     assert _value(samples, "torpor_connector_effects_running") == 0
+    # compose/'s Grafana dashboard asks only for what a connector really serves.
+    wanted = {n for n in dashboard_metric_names() if n.startswith(CONNECTOR_PREFIX)}
+    assert wanted and wanted <= exported_names(exposition(url)), wanted - exported_names(exposition(url))
     lines = [json.loads(line) for line in deployment.log("connector").splitlines()]
     journaled = [line for line in lines if "journaled" in line["message"]]
     assert len(journaled) == 5, journaled

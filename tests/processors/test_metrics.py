@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.processors.test_processor import PARTITIONS, Deployment, _conversation, _input, deployment
+from tests.test_compose import CONNECTOR_PREFIX, dashboard_metric_names, exported_names
 from tests.waiting import wait_until
 from torpor.schemas.records import Control, Input
 
@@ -35,10 +36,16 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 """A scrape: (sample name, its labels sorted) -> value."""
 
 
+def exposition(url: str) -> str:
+    """The text `url` serves now."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text: str = response.read().decode()
+    return text
+
+
 def scrape(url: str) -> Samples:
     """Every sample `url` serves now."""
-    with urllib.request.urlopen(url, timeout=30) as response:
-        text = response.read().decode()
+    text = exposition(url)
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
@@ -100,3 +107,6 @@ def test_the_metrics_endpoint_counts_what_the_receipts_say(deployment: Deploymen
         assert samples[("torpor_store_bytes", (("partition", partition),))] > 0
     lags = [samples[("torpor_consumer_lag", (("partition", p),))] for p in partitions]
     assert all(0 <= lag <= 1 for lag in lags), lags
+    # compose/'s Grafana dashboard asks only for what a processor really serves.
+    wanted = {n for n in dashboard_metric_names() if not n.startswith(CONNECTOR_PREFIX)}
+    assert wanted <= exported_names(exposition(url)), wanted - exported_names(exposition(url))
