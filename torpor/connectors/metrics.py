@@ -4,7 +4,11 @@ Contract. `ConnectorRuntime(..., observer=metrics)` with a `ConnectorMetrics` co
 its own `CollectorRegistry` (`registry`, served on `/metrics` by the command line):
 
   torpor_connector_dispatches_total{kind,tool}  dispatches for this connector taken from the
-                                                outbox and journaled (a redelivered one too)
+                                                outbox and journaled (a redelivered one too);
+                                                `close_thread` concerns a thread, not a tool: its
+                                                tool label is empty, and a kind the schema does not
+                                                name is `other` (labels stay bounded whatever a
+                                                record on the outbox says)
   torpor_connector_results_total{outcome}       inputs produced to `inputs`: `ok` and `error`
                                                 tool results, `event` (subscription events),
                                                 `timer_fired`, `approval_request`, `other`;
@@ -29,11 +33,13 @@ from typing import Final, Protocol
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 
+from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
 from torpor.connectors.journal import Effect, EffectState
 from torpor.schemas.records import ApprovalRequest, Dispatch, Input, TimerFired, ToolEvent, ToolResult
 
 # A tool call takes from a millisecond (echo) to a week (a timer): wide buckets.
 _EFFECT_BUCKETS: Final = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0, 86400.0)
+_KINDS: Final = frozenset({INVOKE, CANCEL, CLOSE_THREAD, APPROVAL_DECISION})
 
 
 class ConnectorObserver(Protocol):
@@ -83,7 +89,10 @@ class ConnectorMetrics:
             self.effects.labels(state.value)
 
     def taken(self, dispatch: Dispatch) -> None:
-        self.dispatches.labels(dispatch.kind, dispatch.tool).inc()
+        # The runtime takes only its own tools' dispatches, and close_thread for any tool.
+        kind = dispatch.kind if dispatch.kind in _KINDS else "other"
+        tool = "" if dispatch.kind == CLOSE_THREAD else dispatch.tool
+        self.dispatches.labels(kind, tool).inc()
 
     def sent(self, record: Input) -> None:
         self.results.labels(outcome_of(record)).inc()
