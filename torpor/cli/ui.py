@@ -15,6 +15,7 @@ exposing it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import getpass
 import socket
@@ -85,7 +86,9 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, log
     click.echo(f"torpor ui: http://{shown}:{sock.getsockname()[1]}/", nl=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=3,
                                            log_config=None if json_logs else LOGGING_CONFIG))
-    server.run(sockets=[sock])
+    # uvicorn re-raises the Ctrl-C it stopped on: a clean stop (exit 0), not click's "Aborted!".
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
 
 
 def past_state(settings: Settings, thread_id: str, offset: int) -> PastState | None:
