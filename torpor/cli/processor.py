@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -102,11 +103,11 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
               metrics_port: int | None, metrics_host: str, workers: int, log_level: str, log_format: str,
               config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
+    configure(log_level, log_format)
     if workers > 1:
         commands = worker_commands(ctx, workers, instance, store_dir or Path(".torpor") / "stores" / instance,
                                    metrics_port)
         sys.exit(supervise(commands))
-    configure(log_level, log_format)
     # A stop asked for during startup (topics, stores) is honoured at the loop's first check.
     stopping: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):

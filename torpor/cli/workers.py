@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -29,6 +30,8 @@ from typing import Final
 
 import click
 from click.core import ParameterSource
+
+from torpor.cli.logs import announce
 
 # Options each worker gets its own value of: never copied from the supervisor's command line.
 PER_WORKER: Final = frozenset({"workers", "instance", "store_dir", "metrics_port"})
@@ -102,7 +105,8 @@ def supervise(commands: Sequence[Sequence[str]]) -> int:
         code = os.waitstatus_to_exitcode(raw)
         if code != 0 and not status:
             status = code if code > 0 else 128 - code  # killed by signal n: 128 + n, as a shell says
-            click.echo(f"processor worker {pid} ended with status {status}: stopping the others", err=True)
+            announce(f"processor worker {pid} ended with status {status}: stopping the others",
+                     logging.ERROR)
             stop(signal.SIGTERM, None)
             _kill_after(STOP_SECONDS, running)
     return status
