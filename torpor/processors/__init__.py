@@ -13,7 +13,8 @@
 - the runtimes, here: `step` (the fold's batch entry point over a store, shared by
   everything below), `processor` (Kafka, exactly once), `local` (in-process), `replay`
   (re-fold the log and check it), `outputs` (a step's records for Kafka), `trust` (the
-  key ring and the processor's own key, loaded once).
+  key ring and the processor's own key, loaded once), `observing` (what a processor tells
+  its observer) and `metrics` (the observer that counts for Prometheus).
 
 Only the runtimes compose the rooms; `tests/test_layering.py` checks the rule.
 """
