@@ -217,12 +217,31 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class ForkOrigin:
+    """Where a forked thread comes from: the source thread, its last kept entry, the control.
+
+    Only the processor writes one (a fork's `inherited` entries are the source's entries
+    `0..at_seq`, unchanged), in answer to an operator's `fork` control on the source.
+    """
+
+    source_thread_id: str
+    at_seq: int
+    control_id: str
+    requested_by: str
+
+
+@dataclass(frozen=True, slots=True)
 class CreateThread:
-    """Create a thread. A child's creation carries the history it inherits."""
+    """Create a thread. A child's creation carries the history it inherits; so does a fork's.
+
+    `fork` is set on a fork's creation only (the processor's, from a `fork` control); the
+    field is new in Input v2, so it defaults to None and older writers never set it.
+    """
 
     config: ThreadConfig
     inherited: tuple[HistoryEntry, ...]
     initial: tuple[ContentBlock, ...]
+    fork: ForkOrigin | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,13 +362,17 @@ class Control:
     """An operator's command.
 
     `command` is one of `stop`, `resume`, `park`, `unpark`, `cancel_call` (needs
-    `call_id`), `compact`, `delete`, `set_model` (needs `model`).
+    `call_id`), `compact`, `delete`, `set_model` (needs `model`), `fork` (needs
+    `new_thread_id` and `at_seq`; `model`, if given, is the fork's). The two fork fields are
+    new in Input v2: they default to None, as every command but `fork` leaves them.
     """
 
     command: str
     call_id: str | None
     model: str | None
     reason: str | None
+    new_thread_id: str | None = None
+    at_seq: int | None = None
 
 
 InputBody = (

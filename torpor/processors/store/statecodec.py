@@ -159,7 +159,9 @@ def _shared_record_to(value: object) -> dict[str, object]:
 
 def _record_from(cls: type, datum: object) -> object:
     raw = typing.cast(dict[str, object], datum)
-    return cls(**{name: frm(raw[name]) for name, _, frm in _fields(cls)})
+    # A field absent from the row was added to the record later with a default (Control's
+    # fork fields in Input v2): the class supplies it. A missing required field still raises.
+    return cls(**{name: frm(raw[name]) for name, _, frm in _fields(cls) if name in raw})
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
