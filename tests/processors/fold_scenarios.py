@@ -3,7 +3,7 @@
 `World` keeps, per thread, the fold's state, the seen message ids and the history rows,
 and applies the effects the way the real shell would (the real one is `step.py`, not
 used here so the fold is tested on its own): `AppendHistory` appends a row,
-`RememberInput` marks an id as seen, `Loopback` and `SpawnChild` inputs are queued and
+`RememberInput` marks an id as seen, `Loopback`, `SpawnChild` and `ForkThread` inputs are queued and
 delivered in order after the input that made them (unless `auto_deliver` is off), and
 everything else is recorded for assertions.
 """
@@ -20,6 +20,7 @@ from torpor.processors.fold.effects import (
     Effect,
     EmitEvent,
     EmitReceipt,
+    ForkThread,
     Loopback,
     RememberInput,
     RequestCompletion,
@@ -224,12 +225,13 @@ class World:
         )
 
     def send(
-        self, thread_id: str, body: InputBody, message_id: str | None = None, provenance: str = VERIFIED
+        self, thread_id: str, body: InputBody, message_id: str | None = None, provenance: str = VERIFIED,
+        source: str = "user:alice",
     ) -> Receipt:
         """Fold one input (then deliver the loopbacks it caused); return its receipt."""
         if isinstance(body, Completion) and message_id is None:
             message_id = body.request_id
-        receipt = self.deliver(self.envelope(thread_id, body, message_id), provenance)
+        receipt = self.deliver(self.envelope(thread_id, body, message_id, source), provenance)
         if self.auto_deliver:
             self.drain()
         return receipt
@@ -282,6 +284,21 @@ class World:
                             body=CreateThread(
                                 config=effect.config, inherited=inherited, initial=effect.initial
                             ),
+                        )
+                    )
+                case ForkThread():  # as step does: the source's entries 0..at_seq, whole
+                    kept = tuple(self.histories.get(thread_id, [])[: effect.origin.at_seq + 1])
+                    self.queue.append(
+                        Input(
+                            message_id=effect.message_id,
+                            thread_id=effect.new_thread_id,
+                            created_at=effect.created_at,
+                            source="processor",
+                            expires_at=None,
+                            key_id=None,
+                            signature=None,
+                            body=CreateThread(config=effect.config, inherited=kept, initial=(),
+                                              fork=effect.origin),
                         )
                     )
                 case DispatchTool(dispatch):

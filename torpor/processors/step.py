@@ -38,7 +38,8 @@ thread holding inputs past `STATE_HOLD_MAX_BYTES`, or send an input over
 `MAX_INPUT_BYTES_CEILING` is refused whole: its writes are dropped and its one receipt is
 `rejected:too_large` with the record it would have made (before any of this, the
 runtimes park inputs too large to decode: `admission`). A child's inherited history is
-cut to its most recent entries that fit one input (`_creation`). The bounds are
+cut to its most recent entries that fit one input (`_creation`); a fork's never is (a
+`fork` control whose entries do not fit one input is refused whole, `_fork_creation`). The bounds are
 constants, not settings, so a replay refuses exactly what the live run refused.
 
 Provenance: `Verifier.verify(input, state)` (`torpor.processors.fold.verify`) gives the
@@ -63,6 +64,7 @@ from torpor.processors.fold.effects import (
     DispatchTool,
     EmitEvent,
     EmitReceipt,
+    ForkThread,
     Loopback,
     RememberInput,
     RequestCompletion,
@@ -74,7 +76,7 @@ from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
 from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state
-from torpor.processors.store.tables import is_seen_in, load_state, visible_entries, with_sender
+from torpor.processors.store.tables import is_seen_in, load_state, read_entries, visible_entries, with_sender
 from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
@@ -382,6 +384,8 @@ def _interpret(
                 known_seen = known_seen and message_id == record.input.message_id
             case SpawnChild():
                 out.loopbacks.append(_creation(rows, thread_id, effect))
+            case ForkThread():
+                out.loopbacks.append(_fork_creation(rows, thread_id, effect))
             case Loopback(input=loopback):
                 out.loopbacks.append(loopback)
             case DispatchTool(dispatch=dispatch):
@@ -448,6 +452,24 @@ def _creation(rows: Overlay, thread_id: str, spawn: SpawnChild) -> Input:
         key_id=None,
         signature=None,
         body=CreateThread(config=spawn.config, inherited=inherited, initial=spawn.initial),
+    )
+
+
+def _fork_creation(rows: Overlay, thread_id: str, fork: ForkThread) -> Input:
+    """The fork's `CreateThread`, carrying the source's entries `0..at_seq` whole and unchanged.
+
+    Never cut, unlike a child's: a fork's history is the source's prefix or nothing, so one
+    that does not fit an input is refused whole by `_size_problem` (`rejected:too_large`)."""
+    entries = tuple(read_entries(rows, thread_id, 0, fork.origin.at_seq + 1))
+    return Input(
+        message_id=fork.message_id,
+        thread_id=fork.new_thread_id,
+        created_at=fork.created_at,
+        source="processor",
+        expires_at=None,
+        key_id=None,
+        signature=None,
+        body=CreateThread(config=fork.config, inherited=entries, initial=(), fork=fork.origin),
     )
 
 

@@ -8,6 +8,7 @@ the source (so the source string is checked against the key, never trusted alone
     body               roles that may produce it        signs (with a key ring)
     CreateThread       user, operator: a root thread    operator always; a user when the
                        processor: a child (parent link) ring says users sign; processor
+                       or a fork (`fork` set)
     UserMessage        user, operator                   as CreateThread
     Completion         processor (the model stage)      always
     ToolResult         connector (of the call's tool)   always
@@ -18,7 +19,7 @@ the source (so the source string is checked against the key, never trusted alone
     ChildReport        processor                        always
     ParentMessage      processor                        always
     Control            operator; processor (stopping    always
-                       a child)
+                       a child); `fork`: operator only
 
 Capabilities are granted, not claimed. A root `CreateThread` signed by a key may ask for
 a tenant, tools and scopes only within that key's `tenants`, `tools` and `scopes`; an
@@ -27,7 +28,9 @@ public: tenant `PUBLIC_TENANT`, no scopes, and only the tools of `[policy] publi
 (none by default). An unsigned user may likewise only write to threads of `PUBLIC_TENANT`:
 a tenant's threads take user input only under a key of that tenant. A child's
 capability is its parent's (the fold copies it: `children.child_config`), and a child
-`CreateThread` can only come from the processor, signed with the processor key.
+`CreateThread` can only come from the processor, signed with the processor key. So can a
+fork's: its capability is its source's (`forks.fork_config`), granted when the source was
+created, and its history is the source's, which only the processor may write.
 
 `authority_verdict(record, state, ring)` applies the table *before* the signature is
 checked (an input that no role may produce needs no cryptography to refuse), and
@@ -117,6 +120,14 @@ AUTHORITY: Final[Mapping[type[InputBody], Authority]] = {
 _NAMED_ROLES: Final = {"user": Role.USER, "operator": Role.OPERATOR, "connector": Role.CONNECTOR}
 
 
+FORK_COMMAND: Final = "fork"
+
+
+def is_derived(body: CreateThread) -> bool:
+    """Whether `body` creates a thread from another one (a child or a fork): the processor's alone."""
+    return body.config.parent is not None or body.fork is not None
+
+
 def role_of(source: str) -> Role | None:
     """The role `source` names: `processor`, `timer`, or `<user|operator|connector>:<name>`."""
     if source == Role.PROCESSOR.value:
@@ -144,7 +155,8 @@ def authority_verdict(record: Input, state: ThreadState | None, ring: KeyRing) -
 
     `forged`: the source names no role (`unknown_source`), or a role that may not produce
     this body (`source_not_allowed`; a child `CreateThread` not from the processor, or a
-    root one from it, included). `unsigned` / `missing_signature`: the role must sign
+    root one from it, included; a `fork` control not from an operator, and a fork's creation
+    not from the processor, too). `unsigned` / `missing_signature`: the role must sign
     here and there is no signature; an unsigned user writing to, or creating, a thread
     of a tenant other than `PUBLIC_TENANT` included.
     """
@@ -154,7 +166,9 @@ def authority_verdict(record: Input, state: ThreadState | None, ring: KeyRing) -
     body = record.body
     if role not in AUTHORITY[type(body)].roles:
         return Verdict(FORGED, SOURCE_NOT_ALLOWED, record.key_id)
-    if isinstance(body, CreateThread) and (body.config.parent is not None) != (role is Role.PROCESSOR):
+    if isinstance(body, CreateThread) and is_derived(body) != (role is Role.PROCESSOR):
+        return Verdict(FORGED, SOURCE_NOT_ALLOWED, record.key_id)
+    if isinstance(body, Control) and body.command == FORK_COMMAND and role is not Role.OPERATOR:
         return Verdict(FORGED, SOURCE_NOT_ALLOWED, record.key_id)
     if record.signature is None:
         if must_sign(role, body, ring):
@@ -174,7 +188,7 @@ def grant_verdict(record: Input, verified: bool, ring: KeyRing, at: int | None =
     `scope_not_granted` otherwise.
     """
     body = record.body
-    if not isinstance(body, CreateThread) or body.config.parent is not None:
+    if not isinstance(body, CreateThread) or is_derived(body):
         return None
     capability = body.config.capability
     # Looked up here, not by the caller: only a root thread's creation needs it.

@@ -33,6 +33,7 @@ from torpor.processors.fold.effects import (
     DispatchTool,
     Effect,
     EmitEvent,
+    ForkThread,
     Loopback,
     RequestCompletion,
     SpawnChild,
@@ -44,6 +45,7 @@ from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
     ContentBlock,
     Dispatch,
+    ForkOrigin,
     HistoryBody,
     HistoryEntry,
     Input,
@@ -136,9 +138,14 @@ class Draft:
 
     # --- history ----------------------------------------------------------------------
 
-    def append(self, body: HistoryBody, input_id: str | None = None) -> HistoryEntry:
-        """Append one history entry, advancing the hash chain, and narrate it."""
-        entry = HistoryEntry(seq=self.state.history_len, created_at=self.now,
+    def append(self, body: HistoryBody, input_id: str | None = None,
+               created_at: int | None = None) -> HistoryEntry:
+        """Append one history entry, advancing the hash chain (not narrated: callers emit).
+
+        `input_id` and `created_at` default to the current input's; a fork passes the
+        source entry's own, so its chain repeats the source's."""
+        when = self.now if created_at is None else created_at
+        entry = HistoryEntry(seq=self.state.history_len, created_at=when,
                              input_id=input_id or self.current.message_id, body=body)
         canonical = canonical_bytes(entry)  # encoded once: the chain and the row share the bytes
         self.replace(history_len=self.state.history_len + 1, head=advance_bytes(self.state.head, canonical))
@@ -180,6 +187,12 @@ class Draft:
         self.effects.append(SpawnChild(message_id=self.stable_id("spawn", child_thread_id),
                                        child_thread_id=child_thread_id, created_at=self.now,
                                        config=config, from_seq=0, up_to_seq=up_to_seq, initial=initial))
+
+    def fork(self, new_thread_id: str, config: ThreadConfig, origin: ForkOrigin) -> None:
+        """Ask the shell to create fork `new_thread_id` of this thread (`forks.py`)."""
+        self.effects.append(ForkThread(message_id=self.stable_id("fork", new_thread_id),
+                                       new_thread_id=new_thread_id, created_at=self.now, config=config,
+                                       origin=origin))
 
     def request_completion(self) -> str:
         request_id = self.new_id("completion")

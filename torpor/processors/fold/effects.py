@@ -11,6 +11,7 @@ open transaction:
 - `Loopback`           an input for another thread (or this one), produced to `inputs`
 - `SpawnChild`         a `CreateThread` loopback whose inherited history the shell reads
                        from this thread's committed rows (the fold never reads the store)
+- `ForkThread`         the same for a fork: a root thread inheriting entries `0..at_seq` whole
 - `RequestCompletion`  work for the model stage, run only after the commit
 - `EmitEvent`          a record on the `events` topic
 - `RememberInput`      mark a message id as seen, so a redelivery is a duplicate
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from torpor.schemas.records import (
     ContentBlock,
     Dispatch,
+    ForkOrigin,
     HistoryEntry,
     Input,
     Receipt,
@@ -78,6 +80,24 @@ class SpawnChild:
 
 
 @dataclass(frozen=True, slots=True)
+class ForkThread:
+    """Create root thread `new_thread_id` whose history is this thread's entries `0..origin.at_seq`.
+
+    The shell reads those entries from this thread's committed rows, all of them and
+    unchanged (not the model-visible cut a child gets, and never fewer: if they do not fit
+    one input the fork is refused whole), and produces `Input(message_id, new_thread_id,
+    created_at, "processor", body=CreateThread(config, inherited=<entries>, initial=(),
+    fork=origin))`. The fork's own replay then depends only on that input's bytes.
+    """
+
+    message_id: str
+    new_thread_id: str
+    created_at: int
+    config: ThreadConfig
+    origin: ForkOrigin
+
+
+@dataclass(frozen=True, slots=True)
 class RequestCompletion:
     """Ask the model stage for one completion of `thread_id` over its first `history_len` entries.
 
@@ -117,6 +137,7 @@ Effect = (
     | DispatchTool
     | Loopback
     | SpawnChild
+    | ForkThread
     | RequestCompletion
     | EmitEvent
     | RememberInput

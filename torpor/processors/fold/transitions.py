@@ -60,6 +60,8 @@ Rules worth knowing (each has a test in `tests/processors/test_fold.py`):
   A non-associative subscription event does not wake it: a temporary child handles the
   event from the safe point before the sleeping turn, and its report (if any) wakes it.
 - A compaction summary is applied at once (never deferred) and asks the model nothing.
+- A `fork` control is folded in every status and changes nothing on its thread: it asks
+  the shell to create the fork, whose creation another fold judges (`forks.py`).
 - Every judged input is remembered except provenance rejections (see step 4).
 """
 
@@ -77,6 +79,7 @@ from torpor.processors.fold.children import (
 )
 from torpor.processors.fold.draft import Draft
 from torpor.processors.fold.effects import Effect, EmitReceipt, RememberInput
+from torpor.processors.fold.forks import FORK, fork_problem, on_create_fork, on_fork
 from torpor.processors.fold.inbound import (
     on_approval_decision,
     on_approval_request,
@@ -242,10 +245,12 @@ def _fold_absent(input: Input, facts: Facts) -> Transition:
         # make the real child's creation fail (its id is computable from the outbox).
         problem = (f"thread ids starting with {DERIVED_PREFIX} are derived: only the processor's "
                    "children have one")
-    if isinstance(body, CreateThread) and config.parent is None and body.inherited:
-        # History is what this runtime folded: only the processor's own child creation
-        # carries some (the parent's), or a creator could write turns, tool results and
-        # messages that no model, connector or parent produced.
+    if isinstance(body, CreateThread) and body.fork is not None:
+        problem = problem or fork_problem(body, input.source)
+    elif isinstance(body, CreateThread) and config.parent is None and body.inherited:
+        # History is what this runtime folded: only the processor's own child or fork
+        # creation carries some (the parent's, the source's), or a creator could write
+        # turns, tool results and messages that no model, connector or parent produced.
         problem = "a root thread inherits no history (only a child the processor creates does)"
     if problem is not None:
         return _receipt_only(None, input, facts, rejected("invalid_config"), problem)
@@ -256,9 +261,16 @@ def _fold_absent(input: Input, facts: Facts) -> Transition:
         compaction=None, owes_turn=False, turns=0, invalid_rounds=0, last_total_tokens=0, park_reason=None,
         stop_reason=None, spawn_arguments=None, terminal_reported=False)
     draft = Draft(state=state, origin=input, facts=facts, current=input)
-    draft.emit("thread_created", data={"parent": config.parent.parent_thread_id if config.parent else None,
-                                       "implicit": not isinstance(body, CreateThread)})
-    disposition = on_create_thread(draft) if isinstance(body, CreateThread) else on_user_message(draft)
+    created: dict[str, object] = {"parent": config.parent.parent_thread_id if config.parent else None,
+                                  "implicit": not isinstance(body, CreateThread)}
+    if isinstance(body, CreateThread) and body.fork is not None:
+        created["forked_from"] = {"thread_id": body.fork.source_thread_id, "at_seq": body.fork.at_seq,
+                                  "control_id": body.fork.control_id, "requested_by": body.fork.requested_by}
+    draft.emit("thread_created", data=created)
+    if not isinstance(body, CreateThread):
+        disposition = on_user_message(draft)
+    else:
+        disposition = on_create_thread(draft) if body.fork is None else on_create_fork(draft)
     return _finish(draft, None, disposition)
 
 
@@ -392,6 +404,8 @@ def on_control(draft: Draft) -> str:
         draft.emit("deleted", detail=body.reason)
         draft.deleted = True
         return APPLIED
+    if command == FORK:  # reads history only: a thread forks in every status
+        return on_fork(draft)
     if status is Status.CLOSED:
         return rejected("thread_closed")
     if command == "stop":
@@ -465,6 +479,17 @@ def on_unexpected(draft: Draft) -> str:
     return rejected(f"unexpected_{type(draft.current.body).__name__}_while_{draft.state.status.value}")
 
 
+def on_create_existing(draft: Draft) -> str:
+    """A `CreateThread` for a thread that exists: a fork's names the clash (its id was chosen
+    by an operator on another thread, whose fold could not know)."""
+    body = body_of(draft, CreateThread)
+    if body.fork is not None:
+        draft.reason = (f"thread {draft.state.thread_id!r} exists: fork {body.fork.source_thread_id!r} "
+                        "again under a new id")
+        return rejected("thread_exists")
+    return on_unexpected(draft)
+
+
 def on_held(draft: Draft) -> str:
     """Parked: hold the input for the operator; it is folded on unpark, in order."""
     draft.replace(deferred=(*draft.state.deferred, draft.current))
@@ -488,7 +513,7 @@ def on_closed(draft: Draft) -> str:
 # --- the table -------------------------------------------------------------------------
 
 _LIVE: Final[dict[type[InputBody], Handler]] = {
-    CreateThread: on_unexpected,
+    CreateThread: on_create_existing,
     UserMessage: on_user_message,
     Completion: on_completion,
     ToolResult: on_tool_result,
@@ -510,15 +535,15 @@ TRANSITIONS: Final[dict[tuple[Status, type[InputBody]], Handler]] = {
     **{(Status.AWAITING_TOOLS, body): handler for body, handler in _LIVE.items()},
     # parked: everything is held for the operator except operator control.
     **{(Status.PARKED, body): on_held for body in BODY_TYPES},
-    (Status.PARKED, CreateThread): on_unexpected,
+    (Status.PARKED, CreateThread): on_create_existing,
     (Status.PARKED, Control): on_control,
     # stopped: a durable tombstone; children's reports still end them.
     **{(Status.STOPPED, body): on_stopped for body in BODY_TYPES},
-    (Status.STOPPED, CreateThread): on_unexpected,
+    (Status.STOPPED, CreateThread): on_create_existing,
     (Status.STOPPED, ChildReport): on_child_report_while_stopped,
     (Status.STOPPED, Control): on_control,
     # closed: late answers are stale, anything else is refused.
     **{(Status.CLOSED, body): on_closed for body in BODY_TYPES},
-    (Status.CLOSED, CreateThread): on_unexpected,
+    (Status.CLOSED, CreateThread): on_create_existing,
     (Status.CLOSED, Control): on_control,
 }
