@@ -20,6 +20,7 @@ COMMANDS: Final[dict[str, str]] = {
     "connector": "torpor.cli.connector:connector",
     "control": "torpor.cli.control:control",
     "demo": "torpor.cli.demo:demo",
+    "fork": "torpor.cli.fork:fork",
     "history": "torpor.cli.history:history",
     "keys": "torpor.cli.keys:keys",
     "local": "torpor.cli.local:local",

@@ -67,3 +67,12 @@ def derive_id(base: str, *parts: str) -> str:
         message += len(data).to_bytes(4, "big")
         message += data
     return PREFIX + hashlib.sha256(message).hexdigest()[:HEX_DIGITS]
+
+
+def fork_creation_id(control_id: str, new_thread_id: str) -> str:
+    """The message id of a fork's `CreateThread`: derived from the `fork` control's message id.
+
+    The processor produces that input to the new thread; a client that asked for the fork
+    waits for its receipt under this id (`applied`, or `rejected:thread_exists`, ...).
+    """
+    return derive_id(control_id, "fork", new_thread_id)

@@ -41,7 +41,7 @@ from torpor.processors.fold.effects import (
 from torpor.processors.fold.history import advance_bytes
 from torpor.processors.fold.state import Facts, ThreadState
 from torpor.schemas.codec import canonical_bytes
-from torpor.schemas.ids import derive_id
+from torpor.schemas.ids import derive_id, fork_creation_id
 from torpor.schemas.records import (
     ContentBlock,
     Dispatch,
@@ -190,7 +190,7 @@ class Draft:
 
     def fork(self, new_thread_id: str, config: ThreadConfig, origin: ForkOrigin) -> None:
         """Ask the shell to create fork `new_thread_id` of this thread (`forks.py`)."""
-        self.effects.append(ForkThread(message_id=self.stable_id("fork", new_thread_id),
+        self.effects.append(ForkThread(message_id=fork_creation_id(self.current.message_id, new_thread_id),
                                        new_thread_id=new_thread_id, created_at=self.now, config=config,
                                        origin=origin))
 
