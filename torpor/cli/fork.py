@@ -24,7 +24,6 @@ from __future__ import annotations
 import getpass
 import uuid
 from pathlib import Path
-from typing import Final
 
 import click
 
@@ -32,19 +31,11 @@ from torpor.cli.send import envelope, produce_inputs
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options, wire_id
 from torpor.schemas.errors import TorporError
-from torpor.schemas.ids import MAX_ID_LENGTH, derive_id, fork_creation_id
+from torpor.schemas.ids import derive_id, fork_creation_id, fork_thread_id
 from torpor.schemas.records import APPLIED, DUPLICATE, Control, Input, Receipt
 from torpor.streams.config import Settings
 from torpor.streams.deadline import Deadline
 from torpor.streams.observer import Observed, Observer
-
-SUFFIX_HEX: Final = 8
-
-
-def default_fork_id(thread: str) -> str:
-    """`<thread>-fork-<8 random hex>`, the thread's id cut so that the whole stays a wire id."""
-    suffix = f"-fork-{uuid.uuid4().hex[:SUFFIX_HEX]}"
-    return thread[: MAX_ID_LENGTH - len(suffix)] + suffix
 
 
 @click.command("fork")
@@ -69,7 +60,7 @@ def fork(thread: str, at_seq: int, new_id: str | None, model: str | None, reason
     """Fork THREAD at entry SEQ into a new thread (optionally with another model)."""
     if model is not None and not model.strip():
         raise click.UsageError("--model is empty: leave it out to keep the thread's model")
-    new_id = new_id or default_fork_id(thread)
+    new_id = new_id or fork_thread_id(thread, uuid.uuid4().hex)
     if new_id == thread:
         raise click.UsageError("--as names the thread being forked: a fork needs a new id")
     signer = signer_for(signing_key_id, signing_key)

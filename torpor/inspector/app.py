@@ -13,6 +13,9 @@ Routes:
                                 its partition (re-folded from `inputs`, as `torpor replay --at`)
   POST /api/approve, /api/control   an operator's decision or command, signed (`Desk`);
                                 answers the message id, whose receipt the timeline shows
+  POST /api/fork                a fork of a thread from one of its entries (`Desk.fork`):
+                                answers the control's message id, the new thread's id and
+                                its creation's message id (its receipt: the new timeline)
 
 Security. Thread ids and model text are written by whoever produces inputs: the page
 inserts every value as text, never as markup, and the Content-Security-Policy allows no
@@ -46,7 +49,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from torpor.inspector.bridge import IDLE, iterate_in_thread
-from torpor.inspector.desk import Desk, DeskError
+from torpor.inspector.desk import Desk, DeskError, ForkRequest
 from torpor.inspector.feed import Feed
 from torpor.inspector.index import ThreadIndex
 from torpor.inspector.past import TimeTravel
@@ -188,6 +191,11 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
             _text(body, "thread_id"), _text(body, "command"), call_id=_optional(body, "call_id"),
             model=_optional(body, "model"), reason=_optional(body, "reason")))
 
+    async def fork(request: Request) -> Response:
+        return await _operate(request, config, lambda body: config.desk.fork(
+            _text(body, "thread_id"), _whole(body, "at_seq"), new_thread_id=_optional(body, "new_thread_id"),
+            model=_optional(body, "model"), reason=_optional(body, "reason")))
+
     async def thread_at(request: Request) -> Response:
         thread_id = request.query_params.get("id", "")
         try:
@@ -221,6 +229,7 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
         Route("/api/thread/at", thread_at),
         Route("/api/approve", approve, methods=["POST"]),
         Route("/api/control", control, methods=["POST"]),
+        Route("/api/fork", fork, methods=["POST"]),
         Route("/api/whoami", whoami),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
@@ -255,6 +264,13 @@ def _text(body: dict[str, object], name: str) -> str:
     return value
 
 
+def _whole(body: dict[str, object], name: str) -> int:
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadRequest(f"{name} must be a whole number")
+    return value
+
+
 def _optional(body: dict[str, object], name: str) -> str | None:
     value = body.get(name)
     if value is None or value == "":
@@ -265,7 +281,7 @@ def _optional(body: dict[str, object], name: str) -> str | None:
 
 
 async def _operate(request: Request, config: UiConfig,
-                   act: Callable[[dict[str, object]], str]) -> Response:
+                   act: Callable[[dict[str, object]], str | ForkRequest]) -> Response:
     """Check that the request comes from this UI's page, then `act` on its JSON body."""
     token = request.headers.get("x-torpor-token", "")
     if not hmac.compare_digest(token.encode(), config.token.encode()):
@@ -282,11 +298,16 @@ async def _operate(request: Request, config: UiConfig,
         body = json.loads(raw)
         if not isinstance(body, dict):
             raise _BadRequest("the body must be a JSON object")
-        message_id = await asyncio.to_thread(act, body)  # produces and waits for the ack
+        done = await asyncio.to_thread(act, body)  # produces and waits for the ack
     except (ValueError, _BadRequest, DeskError) as error:
         return JSONResponse({"error": str(error)}, status_code=400)
     except TorporError as error:
         return JSONResponse({"error": str(error)}, status_code=502)
-    return JSONResponse({"message_id": message_id, "source": config.desk.source,
-                         "signed": config.desk.signer is not None})
+    answer: dict[str, object] = {"source": config.desk.source, "signed": config.desk.signer is not None}
+    if isinstance(done, ForkRequest):
+        answer.update(message_id=done.message_id, new_thread_id=done.new_thread_id,
+                      creation_id=done.creation_id)
+    else:
+        answer["message_id"] = done
+    return JSONResponse(answer)
 

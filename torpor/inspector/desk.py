@@ -9,6 +9,11 @@ acknowledged it). It returns the message id, whose receipt the page then waits f
 the thread's timeline. A request the processor would refuse outright (a bad id, an
 unknown command, a missing call id or model) raises `DeskError` before anything is sent;
 everything else is the fold's to judge, and its receipt says how it did.
+
+`fork` sends the `fork` control `torpor fork` sends (a new id chosen by the page's user or
+generated as the CLI does) and returns a `ForkRequest`: the control's message id (its
+receipt is on this thread's timeline), the new thread's id and the message id of its
+creation, whose receipt is on the new thread's timeline.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from torpor.schemas.errors import TorporError
-from torpor.schemas.ids import derive_id, id_problem
+from torpor.schemas.ids import derive_id, fork_creation_id, fork_thread_id, id_problem
 from torpor.schemas.records import ApprovalDecision, Control, Input, InputBody
 from torpor.schemas.signer import Signer
 
@@ -31,6 +36,15 @@ MAX_TEXT: Final = 1_000
 
 class DeskError(TorporError):
     """A request from the page that is refused before anything is produced (HTTP 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRequest:
+    """A fork the desk asked for: the control's message id, the new thread and its creation's id."""
+
+    message_id: str
+    new_thread_id: str
+    creation_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +82,24 @@ class Desk:
         message_id = derive_id(thread_id, "control", command, uuid.uuid4().hex)
         body = Control(command=command, call_id=call_id or None, model=model or None, reason=reason or None)
         return self._send(thread_id, message_id, body)
+
+    def fork(self, thread_id: str, at_seq: int, *, new_thread_id: str | None = None, model: str | None = None,
+             reason: str | None = None) -> ForkRequest:
+        _check_id("thread", thread_id)
+        if isinstance(at_seq, bool) or not isinstance(at_seq, int) or not 0 <= at_seq < 2**63:
+            raise DeskError("at_seq must be the seq of an entry: a whole number from 0")
+        new_id = new_thread_id or fork_thread_id(thread_id, uuid.uuid4().hex)
+        _check_id("new thread", new_id)
+        if new_id == thread_id:
+            raise DeskError("a fork needs a new id, not the id of the thread it forks")
+        for name, value in (("model", model), ("reason", reason)):
+            if value is not None:
+                _check_text(name, value)
+        message_id = derive_id(thread_id, "fork", new_id, uuid.uuid4().hex)
+        body = Control(command="fork", call_id=None, model=model or None, reason=reason or None,
+                       new_thread_id=new_id, at_seq=at_seq)
+        self._send(thread_id, message_id, body)
+        return ForkRequest(message_id, new_id, fork_creation_id(message_id, new_id))
 
     def _send(self, thread_id: str, message_id: str, body: InputBody) -> str:
         record = Input(message_id=message_id, thread_id=thread_id, created_at=time.time_ns() // 1_000_000,

@@ -76,3 +76,13 @@ def fork_creation_id(control_id: str, new_thread_id: str) -> str:
     waits for its receipt under this id (`applied`, or `rejected:thread_exists`, ...).
     """
     return derive_id(control_id, "fork", new_thread_id)
+
+
+FORK_SUFFIX_HEX: Final = 8
+
+
+def fork_thread_id(thread_id: str, nonce: str) -> str:
+    """A new id for a fork of `thread_id`: `<thread_id>-fork-<first 8 characters of nonce>`,
+    the thread's id cut so that the whole stays a wire id (the CLI and the page pass a random hex)."""
+    suffix = f"-fork-{nonce[:FORK_SUFFIX_HEX]}"
+    return thread_id[: MAX_ID_LENGTH - len(suffix)] + suffix

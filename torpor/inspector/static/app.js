@@ -107,6 +107,10 @@ function addEvent(event) {
   const li = el("li", {}, el("span", { class: "when" }, when(event.created_at)),
                 el("span", { class: "kind" }, event.kind), text);
   li.dataset.kind = event.kind;
+  if (event.entry) {
+    li.dataset.seq = event.entry.seq;
+    li.append(" ", forkButton(event.entry.seq));
+  }
   $("timeline").append(li);
   if (event.kind === "child_spawned" || event.kind.startsWith("approval") || event.kind === "tool_dispatched"
       || event.kind === "tool_result" || ["stopped", "parked", "resumed", "unparked", "closed"].includes(event.kind)) {
@@ -132,6 +136,14 @@ function addReceipt(r) {
       + " · " + r.provenance + " · v" + r.thread_version;
     action.dataset.disposition = r.disposition;
   }
+}
+
+// A new thread whose history is this one's up to entry `seq` (signed like the controls).
+function forkButton(seq) {
+  const button = el("button", { type: "button", class: "fork", "data-seq": seq }, "fork from here");
+  button.addEventListener("click", () => act("fork", { at_seq: seq, new_thread_id: $("fork-as").value || undefined,
+                                                       model: $("model").value || undefined }, "fork from #" + seq));
+  return button;
 }
 
 function travelButton(partition, offset) {
@@ -162,7 +174,13 @@ async function travel(partition, offset) {
 function inherited(snap) {
   const created = snap.events.find((e) => e.kind === "thread_created");
   let parent = null;
-  try { parent = created && created.data ? JSON.parse(created.data).parent : null; } catch (e) { parent = null; }
+  let fork = null;
+  try {
+    const data = created && created.data ? JSON.parse(created.data) : {};
+    parent = data.parent;
+    fork = data.forked_from;
+  } catch (e) { parent = null; }
+  if (fork) return "forked from " + fork.thread_id + " at entry #" + fork.at_seq + " by " + fork.requested_by;
   const first = snap.entries.length ? snap.entries[0].seq : 0;
   return parent && first > 0 ? "entries before #" + first + " were inherited from the parent " + parent : null;
 }
@@ -254,7 +272,7 @@ async function loadSummary() {
 
 async function act(kind, fields, label) {
   const body = { thread_id: view.id, ...fields };
-  if (kind === "control" && $("reason").value) body.reason = $("reason").value;
+  if ((kind === "control" || kind === "fork") && $("reason").value) body.reason = $("reason").value;
   const li = el("li", {}, label + ": ", el("span", { class: "sent" }, "sending…"), " ", el("span", { class: "receipt" }));
   $("actions").append(li);
   const response = await fetch("/api/" + kind, {
@@ -265,6 +283,10 @@ async function act(kind, fields, label) {
   li.querySelector(".sent").textContent = "sent as " + answer.source + (answer.signed ? " (signed)" : " (unsigned)")
     + ", message " + answer.message_id;
   li.dataset.message = answer.message_id;
+  if (answer.new_thread_id) {  // a fork: its own timeline shows its creation's receipt
+    li.dataset.fork = answer.new_thread_id;
+    li.append(" new thread: ", threadLink(answer.new_thread_id));
+  }
   li.querySelector(".receipt").textContent = "awaiting receipt…";
   view.pending.set(answer.message_id, li);
   // A receipt that arrived before the answer (a fast processor) is already in the table.
