@@ -3,7 +3,7 @@
 A random "session" drives a `World` (see `fold_scenarios.py`): users write, the model
 answers with random calls (tools, subscriptions, sleeps, spawns, reports, closes,
 unknown tools), connectors answer, events and timers arrive, operators stop, resume,
-park, unpark and compact, and stale or late inputs turn up. The recorded input log is
+park, unpark, compact and fork, and stale or late inputs turn up. The recorded input log is
 then re-folded to check the invariants of DESIGN section 2.
 """
 
@@ -29,7 +29,7 @@ from tests.processors.fold_scenarios import (
 from torpor.processors.fold.history import chain
 from torpor.processors.fold.state import CallKind, Status
 from torpor.schemas.codec import canonical_bytes
-from torpor.schemas.records import AssistantEntry, Input, TimerFired, ToolCall, ToolResultEntry
+from torpor.schemas.records import AssistantEntry, Control, Input, TimerFired, ToolCall, ToolResultEntry
 
 CHOICES = st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=40)
 
@@ -84,9 +84,17 @@ def step(world: World, rng: random.Random, n: int) -> None:
         seq = sub.last_sequence + rng.choice((0, 1, 1, 2))
         world.send(thread, event(sub.call_id, sub.request_id, seq, f"e{n}", associative=rng.random() < 0.5))
     elif action == 6:
-        command = rng.choice(("stop", "resume", "park", "unpark", "compact", "cancel_call", "set_model"))
+        command = rng.choice(("stop", "resume", "park", "unpark", "compact", "cancel_call", "set_model",
+                              "fork"))
         target = rng.choice(state.pending_calls).call_id if state.pending_calls else "none"
-        world.send(thread, control(command, call_id=target, model="other", reason=f"op {n}"))
+        if command == "fork":  # at any entry, or one past the last (refused), onto a new id or a taken one
+            at_seq = rng.randrange(state.history_len + 1)
+            new_id = rng.choice((f"{thread}-f{n}", f"{thread}-f{n}", "root"))
+            world.send(thread, Control(command="fork", call_id=None, model=rng.choice((None, "other")),
+                                       reason=None, new_thread_id=new_id, at_seq=at_seq),
+                       source="operator:ops")
+        else:
+            world.send(thread, control(command, call_id=target, model="other", reason=f"op {n}"))
     elif action == 7:
         world.send(thread, completion(f"old-{n}", "late"))  # a completion nobody asked for
     elif action == 8:
