@@ -219,6 +219,7 @@ def test_forged_fork_creations_are_refused_as_invalid_config() -> None:
         ({"inherited": tuple(world.histories["src"][:1])}, "entries 0 to 1"),
         ({"inherited": tuple(world.histories["src"][1:3])}, "entries 0 to 1"),
         ({"inherited": (world.histories["src"][0], invented, invented)}, "entries 0 to 1"),
+        ({"inherited": (), "fork": ForkOrigin("src", -1, "c-1", OPERATOR)}, "entries 0 to -1"),
     ]
     for changes, reason in cases:
         record = _forged(world, **changes)

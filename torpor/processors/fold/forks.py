@@ -114,7 +114,7 @@ def fork_problem(body: CreateThread, source: str) -> str | None:
     if body.initial:
         return "a fork starts from its inherited entries alone: it has no initial input"
     seqs = [entry.seq for entry in body.inherited]
-    if seqs != list(range(origin.at_seq + 1)):
+    if origin.at_seq < 0 or seqs != list(range(origin.at_seq + 1)):
         return (f"a fork's inherited entries are the source's entries 0 to {origin.at_seq}, in order "
                 f"(got {len(seqs)} entries)")
     return None
