@@ -6,11 +6,13 @@ receipt shows on the action, with a link to the new thread. The new thread's pag
 the history it kept (the first entry, the same text), the model's new answer to it, and
 where it was forked from; the second exchange is not there, and the source still has it.
 
-Chromium is a hard requirement, as in test_browser.py (whose `browser` fixture this uses).
+Chromium is a hard requirement, as in test_browser.py (whose `browser` fixture this uses);
+`TORPOR_UI_SCREENSHOTS=docs` saves the fork's page as docs/ui-fork.png.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from selenium.webdriver.remote.webelement import WebElement
 
 from tests.cli.rig import deploy, send
 from tests.inspector.rig import Inspected, ui_log
-from tests.inspector.test_browser import browser  # noqa: F401  (the fixture)
+from tests.inspector.test_browser import SCREENSHOTS_ENV, browser  # noqa: F401  (the fixture)
 from tests.processors.test_processor import TORPOR
 from tests.waiting import wait_until
 
@@ -55,6 +57,11 @@ def talking_ui(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iter
         found = wait_until(lambda: re.search(r"torpor ui: (http://\S+/)", deployment.log("ui")), timeout=60,
                            message="torpor ui's address on its output")
         yield Inspected(deployment, found.group(1))
+
+
+def _picture(driver: WebDriver, name: str) -> None:
+    if folder := os.environ.get(SCREENSHOTS_ENV):
+        driver.save_screenshot(str(Path(folder) / name))
 
 
 def _timeline(driver: WebDriver) -> str:
@@ -103,6 +110,15 @@ def test_a_fork_from_an_earlier_entry_makes_a_new_thread_with_that_history(
     receipts = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr") or None,
                           timeout=WAIT_S, message="the fork's receipts")
     assert receipts[0].find_elements(By.TAG_NAME, "td")[2].text == "applied"  # its creation
+    _picture(browser, "ui-fork.png")
+
+    # Time travel on the fork: its creation, re-folded from the log, gives the head its receipt recorded.
+    after = receipts[0].find_elements(By.TAG_NAME, "td")[6].text.split("→")[-1].strip()
+    receipts[0].find_element(By.CSS_SELECTOR, "button.travel").click()
+    past = wait_until(lambda: (text := browser.find_element(By.ID, "past-head").text).startswith("after")
+                      and text, timeout=WAIT_S, message="the fork as it stood after its creation")
+    assert after and f"head {after}" in past and "1 entries" in past, (past, after)
+    assert browser.find_element(By.ID, "past").text == "user: hello"
 
     browser.get(ui.url + "#thread=" + thread)  # the source keeps both exchanges
     wait_until(lambda: SECOND in _timeline(browser), timeout=WAIT_S, message="the source again")

@@ -286,6 +286,7 @@ async function act(kind, fields, label) {
   if (answer.new_thread_id) {  // a fork: its own timeline shows its creation's receipt
     li.dataset.fork = answer.new_thread_id;
     li.append(" new thread: ", threadLink(answer.new_thread_id));
+    $("fork-as").value = "";  // that id is taken now: the next fork gets another
   }
   li.querySelector(".receipt").textContent = "awaiting receipt…";
   view.pending.set(answer.message_id, li);
