@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.processors.fold_scenarios import World, call, config, create, event, result, user
+from torpor.schemas.ids import PREFIX as DERIVED_PREFIX
 from torpor.schemas.records import (
     AssistantEntry,
     ContentBlock,
+    Control,
     EventEntry,
     HistoryBody,
     SummaryEntry,
@@ -52,8 +54,10 @@ def _line(body: HistoryBody) -> str:
 
 def render(world: World) -> str:
     lines: list[str] = []
-    # Child ids are derived hashes; name them by order of creation so diffs stay readable.
-    names = {thread: thread if thread == "root" else f"child{i}" for i, thread in enumerate(world.histories)}
+    # Child ids are derived hashes; name them by order of creation so diffs stay readable
+    # (root and forks keep the ids they were given).
+    names = {thread: f"child{i}" if thread.startswith(DERIVED_PREFIX) else thread
+             for i, thread in enumerate(world.histories)}
     for thread, rows in world.histories.items():
         state = world.states.get(thread)
         status = state.status.value if state else "deleted"
@@ -61,7 +65,7 @@ def render(world: World) -> str:
         for entry in rows:
             rendered = _line(entry.body)
             for original, short in names.items():
-                if original != "root":
+                if original != short:
                     rendered = rendered.replace(original, short)
             lines.append(f"{entry.seq:3d} {rendered}")
     lines.append("== receipts")
@@ -114,7 +118,28 @@ def deferred_events_and_compaction() -> World:
     return world
 
 
+def forks_of_a_conversation() -> World:
+    """Fork at a turn whose call is open (answered as forked), and at a later user entry with
+    another model; each fork then goes its own way, the source unchanged."""
+    world = World()
+    world.send("root", create())
+    world.reply("root", "let me fetch", (call("c1", "fetch", {"url": "x"}),))
+    world.send("root", result("c1", world.dispatch_for("root", "c1").request_id, "fetched x"))
+    world.reply("root", "x says hello")
+    world.send("root", user("and y?"))
+    world.reply("root", "y is quiet")
+    for at_seq, new_id, model in ((1, "fork-at-call", None), (4, "fork-at-question", "other")):
+        world.send("root", Control(command="fork", call_id=None, model=model, reason=None,
+                                   new_thread_id=new_id, at_seq=at_seq), source="operator:ops")
+    world.reply("fork-at-call", "I will not fetch after all")
+    world.reply("fork-at-question", "y is loud")
+    world.send("root", Control(command="fork", call_id=None, model=None, reason=None,
+                               new_thread_id="fork-at-call", at_seq=0), source="operator:ops")
+    return world
+
+
 SCENARIOS: dict[str, Callable[[], World]] = {
+    "forks_of_a_conversation": forks_of_a_conversation,
     "interrupted_tool_call": interrupted_tool_call,
     "child_lifecycle": child_lifecycle,
     "deferred_events_and_compaction": deferred_events_and_compaction,
