@@ -8,7 +8,8 @@ Commands: `stop`, `resume`, `park`, `unpark`, `compact`, `delete`, `set_model --
 (applies from the thread's next completion), `cancel_call --call-id ID`. The source is
 `operator:<name>`; a processor with a key ring accepts operator inputs only when signed,
 so `--signing-key-id` and `--signing-key` (a key `torpor keys new --source operator:<name>`
-made) sign it. `--message-id` makes a retried command a duplicate.
+made) sign it. `--message-id` makes a retried command a duplicate. A fork (also a
+`Control`, but with two receipts on two threads) has its own command: `torpor fork`.
 """
 
 from __future__ import annotations
