@@ -13,63 +13,94 @@ stopped cleanly. Any failure exits non-zero with the reason and the logs' tails.
 
 Topics get a prefix of their own per run (`demo.<id>.`), deleted afterwards unless
 `--keep` (then `torpor replay`, `torpor tail` and friends can look at them).
+
+With `--ui`, the run does not end there: once it is checked, a second agent asks to
+deploy (the deploy connector, an approval relay, runs beside the others) and waits for
+a person's approval; the inspector (`torpor ui`, signed with an operator key of the run's
+key ring) serves the run's threads, and its address is printed. Approving from the page
+resumes that agent; the transcript keeps printing what happens. SIGINT (Ctrl-C), SIGTERM or
+SIGHUP stops the page and the processes, then the topics are deleted (unless `--keep`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
-import subprocess
-import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 import click
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from torpor.cli.demorun import (
+    Processes,
+    RecordReader,
+    asked_approval,
+    await_until,
+    check,
+    said,
+    settled,
+    summary,
+)
 from torpor.cli.send import produce_inputs
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.transcript import Transcript
+from torpor.connectors.approvals import DEPLOY_SPEC
 from torpor.connectors.echo import ECHO_SPEC
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import TorporError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.keyring import KeyRing, KeyVersion, keyring_toml
 from torpor.schemas.records import (
-    VERIFIED,
-    AssistantEntry,
     Budgets,
     Capability,
     CreateThread,
-    Dispatch,
     Input,
-    Receipt,
     TextBlock,
     ThreadConfig,
-    ThreadEvent,
+    ToolSpec,
     UserMessage,
 )
 from torpor.schemas.signer import Signer, SignerSettings, public_key_bytes, write_private_key
 from torpor.streams.admin import ensure_topics
-from torpor.streams.clients import make_admin, make_consumer
+from torpor.streams.clients import make_admin
 from torpor.streams.config import Settings
 from torpor.streams.deadline import Deadline
-from torpor.streams.log import LogRecord
 from torpor.streams.topics import TopicNames
 
 GATEWAY_KEY: Final = "demo-gateway"  # signs the user's inputs: grants the thread its tenant
-RUN_SECONDS: Final = 120.0
+OPERATOR_KEY: Final = "demo-operator"  # signs what a person does from the inspector (--ui)
+OPERATOR: Final = "demo"
+DEPLOY: Final = "torpor.connectors.approvals:DeployTool"
 FINAL_ANSWER: Final = "The build is green, and I waited two seconds to be sure. Done."
+DEPLOY_ASK: Final = "Deploy web to production, once a person approves."
+DEPLOYED_ANSWER: Final = "Web is deployed. Done."
 SCRIPT: Final = f"""\
 [thread]
 id = "unused"
+
+[[model]]
+last_contains = "deployed web"
+[[model.turns]]
+text = "{DEPLOYED_ANSWER}"
+
+[[model]]
+last_contains = "rejected by"
+[[model.turns]]
+text = "Understood: web stays as it is."
+
+[[model]]
+last_contains = "Deploy web"
+[[model.turns]]
+text = "Deploying web needs a person's approval; asking."
+calls = [{{ name = "deploy", arguments = {{ target = "web" }} }}]
 
 [[model]]
 last_contains = "Slept for"
@@ -90,47 +121,6 @@ calls = [{{ name = "echo", arguments = {{ text = "build is green" }} }}]
 """
 
 
-@dataclass
-class _Run:
-    """The processes of one demo run and where their logs go."""
-
-    root: Path
-    env: dict[str, str]
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    reported: set[str] = field(default_factory=set)
-
-    def start(self, name: str, *args: str) -> None:
-        log = (self.root / f"{name}.log").open("wb")
-        self.processes[name] = subprocess.Popen([sys.executable, "-m", "torpor", *args], env=self.env,
-                                                stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
-
-    def tail(self, name: str, lines: int = 15) -> str:
-        text = (self.root / f"{name}.log").read_text(errors="replace").splitlines()
-        return "\n".join(f"    {line}" for line in text[-lines:])
-
-    def dead(self) -> str | None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                self.reported.add(name)
-                return f"{name} exited with {process.returncode}:\n{self.tail(name)}"
-        return None
-
-    def stop(self) -> list[str]:
-        problems = []
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for name, process in self.processes.items():
-            try:
-                code = process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                code = process.wait()
-            if code != 0 and name not in self.reported:
-                problems.append(f"{name} exited with {code}:\n{self.tail(name)}")
-        return problems
-
-
 def _keys(root: Path) -> Path:
     """A private key per role (files mode 0600) and the key ring that trusts them.
 
@@ -139,21 +129,26 @@ def _keys(root: Path) -> Path:
     threads in the public tenant.
     """
     versions = []
-    for key_id, source, tool in (("demo-echo", "connector:echo", "echo"), ("demo-timer", "timer", "timer"),
-                                 ("demo-processor", "processor", "*"), (GATEWAY_KEY, "user:*", "echo")):
+    for key_id, source, tools in (("demo-echo", "connector:echo", ("echo",)),
+                                  ("demo-timer", "timer", ("timer",)),
+                                  ("demo-deploy", "connector:deploy", ("deploy",)),
+                                  ("demo-processor", "processor", ("*",)),
+                                  (GATEWAY_KEY, "user:*", ("echo", "deploy")),
+                                  (OPERATOR_KEY, "operator:*", ("*",))):
         key = Ed25519PrivateKey.generate()
         write_private_key(root / f"{key_id}.pem", key)
         versions.append(KeyVersion(key_id=key_id, public_key=public_key_bytes(key), sources=(source,),
-                                   tools=(tool,), tenants=("demo",), valid_from=0, valid_until=None))
+                                   tools=tools, tenants=("demo",), valid_from=0, valid_until=None))
     ring = root / "keyring.toml"
     ring.write_text(keyring_toml(KeyRing(tuple(versions))))
     return ring
 
 
-def _conversation(thread_id: str, now_ms: int, gateway: Signer) -> tuple[Input, Input]:
+def _conversation(thread_id: str, now_ms: int, gateway: Signer, ask: str = "Check the build, then wait a "
+                  "moment and report.", tool: ToolSpec = ECHO_SPEC) -> tuple[Input, Input]:
     config = ThreadConfig(
-        model="scripted", system_prompt="You are a patient build agent.", tools=(ECHO_SPEC,),
-        capability=Capability(tenant="demo", tools=("echo",), scopes=(), expires_at=None),
+        model="scripted", system_prompt="You are a patient build agent.", tools=(tool,),
+        capability=Capability(tenant="demo", tools=(tool.name,), scopes=(), expires_at=None),
         budgets=Budgets(max_turns=10, max_children=None, max_tool_retries=3, max_invalid_calls=3),
         parent=None, context_window=200_000, compaction_threshold=0.75, allow_implicit_create=False,
     )
@@ -164,87 +159,18 @@ def _conversation(thread_id: str, now_ms: int, gateway: Signer) -> tuple[Input, 
                                   key_id=None, signature=None, body=body))
 
     return (envelope("create", 0, CreateThread(config=config, inherited=(), initial=())),
-            envelope("ask", 1, UserMessage((TextBlock("Check the build, then wait a moment and report."),))))
-
-
-class _Reader:
-    """read_committed over the run's topics, decoded, handed to the transcript as they come."""
-
-    def __init__(self, settings: Settings, names: TopicNames, codec: Codec, transcript: Transcript) -> None:
-        self._codec = codec
-        self._transcript = transcript
-        self._types: dict[str, type] = {names.inputs: Input, names.outbox: Dispatch,
-                                        names.events: ThreadEvent, names.receipts: Receipt}
-        self._consumer: Consumer = make_consumer(settings, f"torpor-demo-{uuid.uuid4().hex}")
-        assignment = []
-        for topic in self._types:
-            for partition in self._consumer.list_topics(topic, timeout=10.0).topics[topic].partitions:
-                assignment.append(TopicPartition(topic, partition, 0))
-        self._consumer.assign(assignment)
-        self.records: dict[type, list[object]] = {t: [] for t in self._types.values()}
-
-    def poll(self) -> None:
-        for message in self._consumer.consume(500, timeout=0.2):
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(error)
-            topic = message.topic() or ""
-            cls = self._types[topic]
-            value: object = self._codec.decode(topic, message.value() or b"", cls,
-                                               partition=message.partition(), offset=message.offset())
-            self.records[cls].append(value)
-            self._transcript.observe(LogRecord(topic, message.partition() or 0, message.offset() or 0,
-                                               message.key() or b"", value))
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
-def _answered(reader: _Reader, thread_id: str) -> bool:
-    for event in reader.records[ThreadEvent]:
-        assert isinstance(event, ThreadEvent)
-        if event.thread_id == thread_id and event.kind == "turn_committed" and event.entry is not None:
-            body = event.entry.body
-            if isinstance(body, AssistantEntry) and any(
-                    isinstance(b, TextBlock) and b.text == FINAL_ANSWER for b in body.content):
-                return True
-    return False
-
-
-def _settled(reader: _Reader) -> bool:
-    """Every input read so far has its receipt."""
-    inputs = {i.message_id for i in reader.records[Input] if isinstance(i, Input)}
-    receipts = {r.input_id for r in reader.records[Receipt] if isinstance(r, Receipt)}
-    return inputs <= receipts
-
-
-def _check(reader: _Reader) -> list[str]:
-    problems: list[str] = []
-    inputs = [i for i in reader.records[Input] if isinstance(i, Input)]
-    receipts = [r for r in reader.records[Receipt] if isinstance(r, Receipt)]
-    per_input = Counter(r.input_id for r in receipts)
-    for record in inputs:
-        if per_input[record.message_id] != 1:
-            problems.append(f"input {record.message_id} has {per_input[record.message_id]} receipts, not 1")
-    for receipt in receipts:
-        if receipt.disposition != "applied":
-            problems.append(f"input {receipt.input_id}: {receipt.disposition} ({receipt.reason})")
-    signed = [r for r in receipts if r.input_id in {i.message_id for i in inputs if i.source != "user:demo"}]
-    for receipt in signed:
-        if receipt.provenance != VERIFIED:
-            problems.append(f"input {receipt.input_id} from a connector or the processor was "
-                            f"{receipt.provenance}, not verified")
-    dispatches = Counter(d.request_id for d in reader.records[Dispatch] if isinstance(d, Dispatch))
-    problems.extend(f"request {r} dispatched {n} times" for r, n in dispatches.items() if n > 1)
-    return problems
+            envelope("ask", 1, UserMessage((TextBlock(ask),))))
 
 
 @click.command()
 @click.option("--keep", is_flag=True, help="Keep the run's topics (printed) instead of deleting them.")
+@click.option("--ui", "with_ui", is_flag=True,
+              help="Then stay up with the inspector (torpor ui) on the run's threads, one of them waiting "
+                   "for your approval, until Ctrl-C.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="The inspector's port with --ui (0: any free one, printed).")
 @settings_options
-def demo(keep: bool, config_file: Path | None, bootstrap: str | None) -> None:
+def demo(keep: bool, with_ui: bool, port: int, config_file: Path | None, bootstrap: str | None) -> None:
     """Run one agent through a real broker: processor, signed connectors, timers, exactly once."""
     base = read_settings(config_file, bootstrap)
     run_id = uuid.uuid4().hex[:8]
@@ -261,7 +187,7 @@ def demo(keep: bool, config_file: Path | None, bootstrap: str | None) -> None:
     click.echo(f"topics {prefix}* on {settings.kafka.bootstrap_servers}")
     try:
         with tempfile.TemporaryDirectory(prefix="torpor-demo-") as work:
-            _play(settings, names, Path(work), run_id, config_file)
+            _play(settings, names, Path(work), run_id, config_file, port if with_ui else None)
     finally:
         if keep:
             click.echo(f"kept the topics: TORPOR_TOPIC_PREFIX={prefix}")
@@ -271,7 +197,8 @@ def demo(keep: bool, config_file: Path | None, bootstrap: str | None) -> None:
                     future.result(timeout=60)
 
 
-def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config_file: Path | None) -> None:
+def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config_file: Path | None,
+          ui_port: int | None) -> None:
     ring = _keys(root)
     (root / "script.toml").write_text(SCRIPT)
     env = {**os.environ, "TORPOR_BOOTSTRAP": settings.kafka.bootstrap_servers,
@@ -283,41 +210,80 @@ def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config
     # variables above win over it, as they do everywhere.
     if config_file is not None:
         env["TORPOR_CONFIG"] = str(config_file.resolve())
-    run = _Run(root, env)
+    run = Processes(root, env)
     run.start("processor", "processor", "--instance", "p0", "--app", f"demo-{run_id}",
               "--store-dir", str(root / "stores"), "--script", str(root / "script.toml"))
-    for name, command, key_id in (("echo", "run-echo", "demo-echo"), ("timers", "run-timers", "demo-timer")):
-        run.start(name, "connector", command, "--group", f"demo-{run_id}-{name}",
-                  "--journal-dir", str(root / f"journal-{name}"),
+    connectors = [("echo", "run-echo", "demo-echo"), ("timers", "run-timers", "demo-timer")]
+    if ui_port is not None:  # started now, so that it is up by the time the run is checked
+        connectors.append(("deploy", "run", "demo-deploy"))
+    for name, command, key_id in connectors:
+        run.start(name, "connector", command, *([DEPLOY] if command == "run" else []),
+                  "--group", f"demo-{run_id}-{name}", "--journal-dir", str(root / f"journal-{name}"),
                   "--signing-key-id", key_id, "--signing-key", str(root / f"{key_id}.pem"))
     start = time.monotonic_ns() // 1_000_000
     transcript = Transcript(clock=lambda: time.monotonic_ns() // 1_000_000 - start, emit=click.echo)
     codec = Codec.from_url(settings.schema_registry.url)
     thread_id = f"build-agent-{run_id}"
     problems: list[str] = []
-    reader = _Reader(settings, names, codec, transcript)
+    reader = RecordReader(settings, names, codec, transcript)
     try:
         try:
             gateway = Signer.from_settings(SignerSettings(GATEWAY_KEY, root / f"{GATEWAY_KEY}.pem"))
             produce_inputs(settings, _conversation(thread_id, time.time_ns() // 1_000_000, gateway))
         except TorporError as error:
             raise click.ClickException(f"the demo's inputs: {error}") from None
-        deadline = Deadline.after(RUN_SECONDS)
-        while not (_answered(reader, thread_id) and _settled(reader)):
-            if deadline.expired():
-                problems.append(f"the agent did not finish within {RUN_SECONDS:.0f} s")
-                break
-            if (dead := run.dead()) is not None:
-                problems.append(dead)
-                break
-            reader.poll()
-        problems.extend(_check(reader))
+        problems.extend(await_until(run, reader, lambda: said(reader, thread_id, FINAL_ANSWER)
+                                    and settled(reader), "the agent did not finish"))
+        if not problems:
+            problems.extend(check(reader))
+        checked = summary(reader)
+        if not problems and ui_port is not None:
+            click.echo(f"checked: {checked}")
+            problems.extend(_inspect(settings, run, reader, gateway, run_id, ui_port))
     finally:
         reader.close()
         problems.extend(run.stop())
     if problems:
         raise click.ClickException("the demo failed:\n  " + "\n  ".join(problems))
-    inputs = len(reader.records[Input])
-    verified = sum(1 for r in reader.records[Receipt] if isinstance(r, Receipt) and r.provenance == VERIFIED)
-    click.echo(f"done: {inputs} inputs, {inputs} receipts (all applied, {verified} signed and verified), "
-               f"{len(reader.records[Dispatch])} dispatches (none twice), every process stopped cleanly")
+    click.echo(f"done: {'the inspector and ' if ui_port is not None else checked + ', '}"
+               "every process stopped cleanly")
+
+
+def _inspect(settings: Settings, run: Processes, reader: RecordReader, gateway: Signer, run_id: str,
+             port: int) -> list[str]:
+    """--ui: an agent waiting for an approval, the inspector on the run's threads, until a signal."""
+    thread_id = f"deploy-agent-{run_id}"
+    try:
+        produce_inputs(settings, _conversation(thread_id, time.time_ns() // 1_000_000, gateway,
+                                               DEPLOY_ASK, DEPLOY_SPEC))
+    except TorporError as error:
+        return [f"the deploying agent's inputs: {error}"]
+    if problems := await_until(run, reader, lambda: asked_approval(reader, thread_id),
+                          "the deploying agent did not ask for an approval"):
+        return problems
+    run.start("ui", "ui", "--port", str(port), "--operator", OPERATOR, "--signing-key-id", OPERATOR_KEY,
+              "--signing-key", str(run.root / f"{OPERATOR_KEY}.pem"), ends_by_sigterm=True)
+    address: list[str] = []
+
+    def listening() -> bool:
+        found = re.search(r"torpor ui: (http://\S+/)", (run.root / "ui.log").read_text(errors="replace"))
+        address.extend(found.groups() if found else ())
+        return bool(address)
+
+    if problems := await_until(run, reader, listening, "torpor ui did not print its address"):
+        return problems
+    click.echo(f"\n== the inspector: {address[0]}\n"
+               f"   {thread_id} waits for your approval: open it and press approve (signed as "
+               f"operator:{OPERATOR}).\n   Ctrl-C stops the page and the run's processes.\n", nl=False)
+    stopping = threading.Event()
+    endings = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, a supervisor, the terminal closed
+    previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in endings}
+    try:
+        while not stopping.is_set():
+            if (dead := run.dead()) is not None:
+                return [dead]
+            reader.poll()  # keeps the transcript going: the decision, the result, the answer
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    return []

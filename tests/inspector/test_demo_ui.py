@@ -1,0 +1,147 @@
+"""The README's flow: `torpor demo --ui` (what `bin/demo --ui` runs), then the page, in a real browser.
+
+Against a real broker: the demo's checked run, then its second agent waiting for an
+approval, then the inspector the demo started with its operator key. In headless
+Chromium: both of the demo's threads are listed; the waiting one opens, its approve
+button is pressed, the decision's receipt is `applied`, and the agent resumes and
+answers. Then SIGINT ends the demo (page and processes) cleanly and its topics go.
+`TORPOR_UI_SCREENSHOTS=docs` saves the pictures the README and docs/ui.md show.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+
+from tests.inspector.chromium import chromium, picture
+from tests.processors.test_processor import TORPOR
+from tests.waiting import wait_until
+from torpor.cli.demo import DEPLOYED_ANSWER, FINAL_ANSWER
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+WAIT_S: Final = 180.0
+
+
+class _Demo:
+    """`torpor demo --ui --port 0` as a process, its output in a file."""
+
+    def __init__(self, bootstrap: str, root: Path) -> None:
+        self.out = root / "demo.out"
+        with self.out.open("wb") as sink:
+            self.process = subprocess.Popen([TORPOR, "demo", "--ui", "--port", "0", "--bootstrap", bootstrap],
+                                            stdout=sink, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def tail(self) -> str:
+        return self.output()[-3000:]
+
+
+@pytest.fixture
+def demo(kafka_bootstrap: str, tmp_path: Path) -> Iterator[_Demo]:
+    running = _Demo(kafka_bootstrap, tmp_path)
+    try:
+        yield running
+    finally:
+        if running.process.poll() is None:  # the test failed before it stopped the demo
+            running.process.send_signal(signal.SIGINT)  # the demo stops its own processes
+            try:
+                running.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                running.process.kill()
+                running.process.wait(timeout=60)
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    with chromium() as driver:
+        yield driver
+
+
+def _row(driver: WebDriver, thread: str) -> WebElement | None:
+    for row in driver.find_elements(By.CSS_SELECTOR, "#threads tbody tr"):
+        if row.get_attribute("data-thread") == thread:
+            return row
+    return None
+
+
+def _click(find: Callable[[], WebElement | None], what: str) -> None:
+    """Click what `find` finds, again if the page redrew it in between (a live page does)."""
+    def clicked() -> bool:
+        element = find()
+        if element is None:
+            return False
+        element.click()  # a stale element raises: not clicked, tried again
+        return True
+
+    wait_until(clicked, timeout=WAIT_S, message=f"to click {what}")
+
+
+def _timeline(driver: WebDriver) -> str:
+    return driver.find_element(By.ID, "timeline").text
+
+
+def test_after_the_demo_the_page_shows_its_threads_and_approving_resumes_the_waiting_agent(
+        demo: _Demo, browser: WebDriver, admin: AdminClient) -> None:
+    found = wait_until(lambda: re.search(r"== the inspector: (http://\S+/)", demo.output()), timeout=WAIT_S,
+                       message=f"the demo's inspector address; demo output:\n{demo.tail()}")
+    url = found.group(1)
+    out = demo.output()
+    assert "checked: 7 inputs, 7 receipts (all applied, 7 signed and verified)" in out, out[-3000:]
+    assert FINAL_ANSWER in out
+    run_id = re.search(r"topics demo\.(\w+)\.\*", out)
+    assert run_id is not None, out[:500]
+    builder, deployer = f"build-agent-{run_id.group(1)}", f"deploy-agent-{run_id.group(1)}"
+    assert f"{deployer} waits for your approval" in out
+
+    browser.get(url)
+    wait_until(lambda: _row(browser, builder) and _row(browser, deployer), timeout=WAIT_S,
+               message="the demo's two threads in the list")
+    wait_until(lambda: browser.find_element(By.ID, "whoami").text.startswith("operator:demo (signed)"),
+               timeout=WAIT_S, message="the page's operator: the demo's, signed")
+    picture(browser, "ui-demo-threads.png")
+
+    _click(lambda: (row := _row(browser, deployer)) and row.find_element(By.CSS_SELECTOR, "a.thread-link"),
+           "the waiting agent's link")
+    wait_until(lambda: "approval_requested" in _timeline(browser), timeout=WAIT_S,
+               message="the approval request on the waiting agent's timeline")
+    approve = '#approvals button[data-choice="approve"]'
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, approve), timeout=WAIT_S,
+               message="the approve button")
+    picture(browser, "ui-demo-approval.png")
+    _click(lambda: browser.find_element(By.CSS_SELECTOR, approve), "the approve button")
+    action = wait_until(
+        lambda: next((a for a in browser.find_elements(By.CSS_SELECTOR, "#actions li")
+                      if a.get_attribute("data-disposition")), None),
+        timeout=WAIT_S, message=f"the decision's receipt on the page; demo output:\n{demo.tail()}")
+    assert action.get_attribute("data-disposition") == "applied", action.text
+    assert "sent as operator:demo" in action.text, action.text
+    wait_until(lambda: DEPLOYED_ANSWER in _timeline(browser), timeout=WAIT_S,
+               message=f"the agent's answer after the approval; demo output:\n{demo.tail()}")
+    assert "result deploy ok" in _timeline(browser) and "deployed web" in _timeline(browser)
+    # The demo's transcript shows it too; the decision, the tool's result and the completion were
+    # all applied and verified against the run's key ring (the operator key signed the decision).
+    after = wait_until(lambda: (later := demo.output().split("== the inspector")[1]).count(" receipt ") >= 3
+                       and later, timeout=WAIT_S, message=f"three receipts in the transcript:\n{demo.tail()}")
+    assert re.search(r"decision +approve by operator:demo\n", after), after
+    receipts = [line for line in after.splitlines() if " receipt " in line]
+    assert len(receipts) == 3 and all(re.search(r"receipt +applied .* verified$", r) for r in receipts), after
+
+    demo.process.send_signal(signal.SIGINT)
+    assert demo.process.wait(timeout=WAIT_S) == 0, demo.tail()
+    assert "done: the inspector and every process stopped cleanly" in demo.output(), demo.tail()
+    prefix = f"demo.{run_id.group(1)}."
+    wait_until(lambda: not [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)],
+               timeout=60, message=f"the demo's topics {prefix}* deleted")
