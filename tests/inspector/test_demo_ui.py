@@ -111,6 +111,8 @@ def test_after_the_demo_the_page_shows_its_threads_and_approving_resumes_the_wai
                message="the demo's two threads in the list")
     wait_until(lambda: browser.find_element(By.ID, "whoami").text.startswith("operator:demo (signed)"),
                timeout=WAIT_S, message="the page's operator: the demo's, signed")
+    wait_until(lambda: "live" in browser.find_element(By.ID, "feed").text, timeout=WAIT_S,
+               message="the page's feed caught up")
     picture(browser, "ui-demo-threads.png")
 
     _click(lambda: (row := _row(browser, deployer)) and row.find_element(By.CSS_SELECTOR, "a.thread-link"),
@@ -120,6 +122,9 @@ def test_after_the_demo_the_page_shows_its_threads_and_approving_resumes_the_wai
     approve = '#approvals button[data-choice="approve"]'
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, approve), timeout=WAIT_S,
                message="the approve button")
+    # create, message, completion, approval request: their receipts, all there before the picture
+    wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")) == 4, timeout=WAIT_S,
+               message="the waiting agent's four receipts")
     picture(browser, "ui-demo-approval.png")
     _click(lambda: browser.find_element(By.CSS_SELECTOR, approve), "the approve button")
     action = wait_until(
