@@ -55,6 +55,7 @@ from torpor.inspector.index import ThreadIndex
 from torpor.inspector.past import TimeTravel
 from torpor.inspector.timeline import timeline
 from torpor.schemas.errors import TorporError
+from torpor.schemas.ids import id_problem
 from torpor.streams.config import Settings
 from torpor.streams.observer import Position
 
@@ -62,6 +63,12 @@ STATIC: Final = files("torpor.inspector") / "static"
 LIST_POLL_SECONDS: Final = 0.5
 KEEPALIVE_SECONDS: Final = 15.0
 MAX_BODY: Final = 16 * 1024
+# What each action's JSON body may name. Anything else (a `source`, an `operator`, a
+# `decided_by`, a key or a signature) is refused: who acts is the operator and the key
+# this UI was started with, never what a request says.
+APPROVE_FIELDS: Final = frozenset({"thread_id", "approval_id", "choice"})
+CONTROL_FIELDS: Final = frozenset({"thread_id", "command", "call_id", "model", "reason"})
+FORK_FIELDS: Final = frozenset({"thread_id", "at_seq", "new_thread_id", "model", "reason"})
 CSP: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 HEADERS: Final = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
@@ -182,19 +189,27 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
 
         return _event_stream(records())
 
+    def may_exist(thread_id: str) -> bool:
+        # Until the feed has read the topics to their end, an unlisted thread may still
+        # exist: the fold judges it then (its receipt says).
+        return not reader.caught_up.is_set() or index.summary(thread_id) is not None
+
     async def approve(request: Request) -> Response:
         return await _operate(request, config, lambda body: config.desk.approve(
-            _text(body, "thread_id"), _text(body, "approval_id"), _text(body, "choice")))
+            _text(body, "thread_id"), _text(body, "approval_id"), _text(body, "choice")),
+            fields=APPROVE_FIELDS, known=may_exist)
 
     async def control(request: Request) -> Response:
         return await _operate(request, config, lambda body: config.desk.control(
             _text(body, "thread_id"), _text(body, "command"), call_id=_optional(body, "call_id"),
-            model=_optional(body, "model"), reason=_optional(body, "reason")))
+            model=_optional(body, "model"), reason=_optional(body, "reason")),
+            fields=CONTROL_FIELDS, known=may_exist)
 
     async def fork(request: Request) -> Response:
         return await _operate(request, config, lambda body: config.desk.fork(
             _text(body, "thread_id"), _whole(body, "at_seq"), new_thread_id=_optional(body, "new_thread_id"),
-            model=_optional(body, "model"), reason=_optional(body, "reason")))
+            model=_optional(body, "model"), reason=_optional(body, "reason")),
+            fields=FORK_FIELDS, known=may_exist)
 
     async def thread_at(request: Request) -> Response:
         thread_id = request.query_params.get("id", "")
@@ -281,8 +296,17 @@ def _optional(body: dict[str, object], name: str) -> str | None:
 
 
 async def _operate(request: Request, config: UiConfig,
-                   act: Callable[[dict[str, object]], str | ForkRequest]) -> Response:
-    """Check that the request comes from this UI's page, then `act` on its JSON body."""
+                   act: Callable[[dict[str, object]], str | ForkRequest], *,
+                   fields: frozenset[str] | None = None,
+                   known: Callable[[str], bool] | None = None) -> Response:
+    """Check that the request comes from this UI's page, then `act` on its JSON body.
+
+    Refused before anything is produced, each with a 4xx status and a reason: no token or
+    another origin (403), not JSON (415), over `MAX_BODY` (413, read no further), not one
+    JSON object or nested past the parser's depth (400), a field outside `fields` (400),
+    a well-formed thread id `known` does not know (404: the page acts on threads it lists),
+    and whatever `act` raises `DeskError` for (400).
+    """
     token = request.headers.get("x-torpor-token", "")
     if not hmac.compare_digest(token.encode(), config.token.encode()):
         return JSONResponse({"error": "missing or wrong X-Torpor-Token: reload the page"}, status_code=403)
@@ -291,16 +315,27 @@ async def _operate(request: Request, config: UiConfig,
         return JSONResponse({"error": f"requests from {origin[:100]!r} are not accepted"}, status_code=403)
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         return JSONResponse({"error": "send JSON (Content-Type: application/json)"}, status_code=415)
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        return JSONResponse({"error": "request too large"}, status_code=413)
+    raw = await _bounded_body(request)
+    if raw is None:
+        return JSONResponse({"error": f"request too large (at most {MAX_BODY} bytes)"}, status_code=413)
     try:
         body = json.loads(raw)
         if not isinstance(body, dict):
             raise _BadRequest("the body must be a JSON object")
+        if fields is not None and (extra := sorted(set(body) - fields)):
+            raise _BadRequest(f"unexpected field {extra[0][:40]!r}: this action takes "
+                              f"{', '.join(sorted(fields))}; it is sent as {config.desk.source}, "
+                              "signed with the UI's key")
+        thread_id = body.get("thread_id")
+        if (known is not None and isinstance(thread_id, str) and id_problem(thread_id) is None
+                and not known(thread_id)):
+            return JSONResponse({"error": f"no record of thread {thread_id!r} has been seen: the page "
+                                          "acts only on threads it lists"}, status_code=404)
         done = await asyncio.to_thread(act, body)  # produces and waits for the ack
-    except (ValueError, _BadRequest, DeskError) as error:
-        return JSONResponse({"error": str(error)}, status_code=400)
+    except RecursionError:  # nested deeper than the parser goes: not a request the page sends
+        return JSONResponse({"error": "the body is nested too deeply"}, status_code=400)
+    except (ValueError, _BadRequest, DeskError) as error:  # ValueError: not JSON, not UTF-8
+        return JSONResponse({"error": str(error)[:500]}, status_code=400)
     except TorporError as error:
         return JSONResponse({"error": str(error)}, status_code=502)
     answer: dict[str, object] = {"source": config.desk.source, "signed": config.desk.signer is not None}
@@ -311,3 +346,16 @@ async def _operate(request: Request, config: UiConfig,
         answer["message_id"] = done
     return JSONResponse(answer)
 
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The request's body, or None once it is over `MAX_BODY`, declared or streamed: never
+    more than that is read into memory."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        return None
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            return None
+    return bytes(raw)

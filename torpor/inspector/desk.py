@@ -19,6 +19,7 @@ creation, whose receipt is on the new thread's timeline.
 from __future__ import annotations
 
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,6 +120,12 @@ def _check_text(what: str, value: str) -> None:
     _check_unicode(what, value)
     if not value or len(value) > MAX_TEXT:
         raise DeskError(f"the {what} must be 1 to {MAX_TEXT} characters")
+    # Control characters (an escape sequence, a NUL) would be written as they are into
+    # terminals (`torpor tail`) and logs that show the input; a person types none but
+    # tab and newline.
+    control = next((c for c in value if unicodedata.category(c) == "Cc" and c not in "\t\n"), None)
+    if control is not None:
+        raise DeskError(f"the {what} holds the control character {control!r}")
 
 
 def _check_unicode(what: str, value: str) -> None:
