@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import sys
-import uuid
 from pathlib import Path
 from typing import Final
 
@@ -25,25 +24,18 @@ import click
 
 from torpor.cli.history import live_stores
 from torpor.cli.settings import read_settings, settings_options
+from torpor.processors.refold import refold
 from torpor.processors.replay import (
     Cut,
     Mismatch,
     RateMeter,
-    Replayer,
     ThreadHead,
     compare,
     history_rows,
-    partitions_of,
-    read_log,
     thread_heads,
 )
 from torpor.processors.store.kv import Store
-from torpor.processors.trust import verifier_for
-from torpor.schemas.codec import Codec
 from torpor.schemas.errors import TorporError
-from torpor.streams.clients import make_consumer
-from torpor.streams.partitioner import partition_for
-from torpor.streams.topics import TopicNames
 
 PROGRESS_EVERY: Final = 0.5  # seconds between progress lines
 
@@ -114,27 +106,11 @@ def replay(thread_id: str | None, until_offset: tuple[str, ...], until_time: str
     settings = read_settings(config_file, bootstrap)
     if at_offset is not None and thread_id is None:
         raise click.UsageError("--at needs --thread")
-    topics = TopicNames.for_prefix(settings.topics.prefix)
-    offsets = _offsets(until_offset)
+    cut = Cut(_offsets(until_offset), _time_ms(until_time))
+    line = _ProgressLine(progress and not as_json)
     try:
-        verifier = verifier_for(settings.inputs)  # the processor's own: inputs judged as live
-        consumer = make_consumer(settings, f"torpor-replay-{uuid.uuid4().hex[:8]}")
-        try:
-            partitions = partitions_of(consumer, topics.inputs)
-            chosen = None
-            if thread_id is not None:
-                chosen = [partition_for(thread_id.encode("utf-8"), len(partitions))]
-                if at_offset is not None:
-                    offsets[chosen[0]] = at_offset
-            cut = Cut(offsets, _time_ms(until_time))
-            replayer = Replayer(verifier, Codec.from_url(settings.schema_registry.url), topics.inputs,
-                                settings.inputs.max_bytes, partitions=len(partitions))
-            line = _ProgressLine(progress and not as_json)
-            for record in read_log(consumer, topics.inputs, cut, thread_id, partitions=chosen, progress=line):
-                replayer.feed(record)
-            stores: dict[int, Store] = dict(replayer.finish())
-        finally:
-            consumer.close()
+        refolded = refold(settings, cut, thread_id, at_offset, progress=line)
+        stores: dict[int, Store] = dict(refolded.stores)
         summary = line.done()
         replayed = thread_heads(stores, thread_id)
         if at_offset is not None and thread_id is not None:
@@ -147,7 +123,7 @@ def replay(thread_id: str | None, until_offset: tuple[str, ...], until_time: str
     except TorporError as error:
         raise click.ClickException(str(error)) from None
     mismatches = compare(replayed, live)
-    _print_comparison(replayed, mismatches, as_json, summary, replayer.counts.parked)
+    _print_comparison(replayed, mismatches, as_json, summary, refolded.parked)
     if mismatches:
         sys.exit(1)
 

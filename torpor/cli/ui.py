@@ -19,7 +19,6 @@ import contextlib
 import functools
 import getpass
 import socket
-import uuid
 from pathlib import Path
 
 import click
@@ -33,15 +32,11 @@ from torpor.cli.signing import signer_for, signing_options
 from torpor.inspector.app import UiConfig, create_app
 from torpor.inspector.desk import Desk
 from torpor.inspector.past import PastState
-from torpor.processors.replay import Cut, Replayer, partitions_of, read_log, thread_head
+from torpor.processors.refold import refold
+from torpor.processors.replay import thread_head
 from torpor.processors.store.tables import read_entries
-from torpor.processors.trust import verifier_for
-from torpor.schemas.codec import Codec
 from torpor.schemas.records import Input
-from torpor.streams.clients import make_consumer
 from torpor.streams.config import Settings
-from torpor.streams.partitioner import partition_for
-from torpor.streams.topics import TopicNames
 
 
 @click.command("ui")
@@ -92,21 +87,10 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, log
 
 
 def past_state(settings: Settings, thread_id: str, offset: int) -> PastState | None:
-    """`thread_id` as it stood after the input at `offset` of its partition: the thread's
-    inputs re-folded up to there with the processor's own `step` and verifier, as
-    `torpor replay --thread --at` does. None if it did not exist then."""
-    inputs = TopicNames.for_prefix(settings.topics.prefix).inputs
-    consumer = make_consumer(settings, f"torpor-ui-replay-{uuid.uuid4().hex[:8]}")
-    try:
-        count = len(partitions_of(consumer, inputs))
-        partition = partition_for(thread_id.encode("utf-8"), count)
-        replayer = Replayer(verifier_for(settings.inputs), Codec.from_url(settings.schema_registry.url),
-                            inputs, settings.inputs.max_bytes, partitions=count)
-        for record in read_log(consumer, inputs, Cut({partition: offset}), thread_id, partitions=[partition]):
-            replayer.feed(record)
-        store = replayer.finish().get(partition)
-    finally:
-        consumer.close()
+    """`thread_id` as it stood after the input at `offset` of its partition: what
+    `torpor replay --thread --at` prints (`refold`). None if it did not exist then."""
+    refolded = refold(settings, thread_id=thread_id, at=offset)
+    store = refolded.stores.get(refolded.partition) if refolded.partition is not None else None
     head = thread_head(store, thread_id) if store is not None else None
     if store is None or head is None:
         return None
