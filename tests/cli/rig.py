@@ -4,6 +4,12 @@
 `script` and `torpor connector run <target>`, and tears it all down afterwards. `send`
 and `start_thread` drive it through `torpor send`, as a user would; `tailed` reads what
 `torpor tail` shows.
+
+The scripted model's file is composed of rules: `script(*rules)` puts them under the
+header every test's script has (the first rule whose `last_contains` matches answers);
+`answer(contains, text)` is a rule that answers with text, and `DEPLOY_RULES` are the
+rules of an agent that asks the deploy tool (an approval relay) to deploy staging when
+told to "deploy to staging" and says `DEPLOYED` once it is.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 from confluent_kafka.admin import AdminClient
 
@@ -21,6 +28,24 @@ from torpor.streams.admin import ensure_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
 from torpor.streams.topics import TopicNames
+
+
+def script(*rules: str) -> str:
+    """A scripted model's file of `rules`, in order."""
+    return '[thread]\nid = "unused"\n' + "".join(rules)
+
+
+def answer(contains: str, text: str) -> str:
+    """A rule: when the last history entry contains `contains`, answer `text` (no quotes in either)."""
+    return f'\n[[model]]\nlast_contains = "{contains}"\nturns = [{{ text = "{text}" }}]\n'
+
+
+DEPLOYED: Final = "Deployed to staging."
+DEPLOY_RULES: Final = answer("deployed staging", DEPLOYED) + """
+[[model]]
+last_contains = "deploy to staging"
+turns = [{ text = "Asking first.", calls = [{ name = "deploy", arguments = { target = "staging" } }] }]
+"""
 
 
 @contextmanager

@@ -19,25 +19,14 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import deploy, start_thread, tailed
+from tests.cli.rig import DEPLOY_RULES, DEPLOYED, deploy, script, start_thread, tailed
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
-DONE: Final = "Deployed to staging."
-SCRIPT: Final = f"""\
-[thread]
-id = "unused"
-
-[[model]]
-last_contains = "deployed staging"
-turns = [{{ text = "{DONE}" }}]
-
-[[model]]
-last_contains = "deploy to staging"
-turns = [{{ text = "Asking first.", calls = [{{ name = "deploy", arguments = {{ target = "staging" }} }}] }}]
-"""
+DONE: Final = DEPLOYED
+SCRIPT: Final = script(DEPLOY_RULES)
 
 
 @pytest.fixture

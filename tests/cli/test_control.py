@@ -18,21 +18,14 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import deploy, tailed
+from tests.cli.rig import answer, deploy, script, tailed
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
 ANSWER: Final = "Hello from the right model."
-SCRIPT: Final = f"""\
-[thread]
-id = "unused"
-
-[[model]]
-last_contains = "hello"
-turns = [{{ text = "{ANSWER}" }}]
-"""
+SCRIPT: Final = script(answer("hello", ANSWER))
 
 
 @pytest.fixture

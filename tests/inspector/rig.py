@@ -20,42 +20,23 @@ from typing import Final
 
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import deploy
+from tests.cli.rig import DEPLOY_RULES, DEPLOYED, answer, deploy, script
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 
-DONE: Final = "Deployed to staging."
+DONE: Final = DEPLOYED
 CHILD_TASK: Final = "Check region eu-west."
 CHILD_ANSWER: Final = "Region eu-west is fine."
 HOSTILE_TEXT: Final = "<img src=x onerror=window.pwned=1><script>window.pwned=2</script>"
 # A thread id with no space or control character is a valid wire id, whatever else it holds.
 HOSTILE_THREAD: Final = "<img/src=x/onerror=window.pwned=3>"
-SCRIPT: Final = f"""\
-[thread]
-id = "unused"
-
-[[model]]
-last_contains = "deployed staging"
-turns = [{{ text = "{DONE}" }}]
-
-[[model]]
-last_contains = "deploy to staging"
-turns = [{{ text = "Asking first.", calls = [{{ name = "deploy", arguments = {{ target = "staging" }} }}] }}]
-
+SCRIPT: Final = script(DEPLOY_RULES, f"""
 [[model]]
 last_contains = "split the work"
 turns = [{{ text = "Asking a helper.", calls = [
   {{ name = "spawn_thread", arguments = {{ instructions = "{CHILD_TASK}" }} }},
 ] }}]
-
-[[model]]
-last_contains = "{CHILD_TASK}"
-turns = [{{ text = "{CHILD_ANSWER}" }}]
-
-[[model]]
-last_contains = "hostile"
-turns = [{{ text = '{HOSTILE_TEXT}' }}]
-"""
+""", answer(CHILD_TASK, CHILD_ANSWER), answer("hostile", HOSTILE_TEXT))
 
 
 @dataclass(frozen=True, slots=True)

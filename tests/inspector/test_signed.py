@@ -19,7 +19,7 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import settings_of
+from tests.cli.rig import answer, script, settings_of
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 from torpor.schemas.records import Receipt
@@ -30,14 +30,7 @@ from torpor.streams.topics import TopicNames
 pytestmark = pytest.mark.kafka
 
 WAIT_S: Final = 120.0
-SCRIPT: Final = """\
-[thread]
-id = "unused"
-
-[[model]]
-last_contains = "hello"
-turns = [{ text = "Hello to you." }]
-"""
+SCRIPT: Final = script(answer("hello", "Hello to you."))
 
 
 @dataclass
