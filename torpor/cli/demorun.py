@@ -1,8 +1,9 @@
 """The machinery of a `torpor demo` run: its processes, the reader of its topics, its checks.
 
 `Processes` starts `python -m torpor ...` children (each logging to a file of the run's
-directory, in a session of its own so a terminal's Ctrl-C reaches the demo alone) and stops
-them with SIGTERM, reporting any that exited badly. `RecordReader` reads the run's
+directory, in a session of its own so a terminal's Ctrl-C reaches the demo alone, and
+sent SIGTERM by the kernel if the demo dies, on Linux) and stops them with SIGTERM,
+reporting any that exited badly. `RecordReader` reads the run's
 topics read_committed from the start, decoded, and hands each record to the transcript.
 The predicates and `check` judge what it read: every input has exactly one receipt, all
 `applied`, everything not from the user `verified`, no dispatch twice.
@@ -10,6 +11,7 @@ The predicates and `check` judge what it read: every input has exactly one recei
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from torpor.streams.deadline import Deadline
 from torpor.streams.log import LogRecord
 from torpor.streams.topics import TopicNames
 
+PR_SET_PDEATHSIG: Final = 1  # prctl(2): the signal a child gets when its parent dies
 RUN_SECONDS: Final = 120.0  # how long each phase of a run may take before the demo gives up
 
 
@@ -54,7 +57,7 @@ class Processes:
         log = (self.root / f"{name}.log").open("wb")
         self.processes[name] = subprocess.Popen([sys.executable, "-m", "torpor", *args], env=self.env,
                                                 stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                                start_new_session=True)
+                                                start_new_session=True, preexec_fn=_end_with_parent)
 
     def tail(self, name: str, lines: int = 15) -> str:
         text = (self.root / f"{name}.log").read_text(errors="replace").splitlines()
@@ -82,6 +85,13 @@ class Processes:
             if not clean and name not in self.reported:
                 problems.append(f"{name} exited with {code}:\n{self.tail(name)}")
         return problems
+
+
+def _end_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the demo dies, even by SIGKILL (Linux), so
+    that a killed demo leaves no processor or connector running behind it."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class RecordReader:
