@@ -11,7 +11,6 @@ The predicates and `check` judge what it read: every input has exactly one recei
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Final
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from torpor.cli.transcript import Transcript
+from torpor.cli.workers import end_with_parent
 from torpor.schemas.codec import Codec
 from torpor.schemas.records import VERIFIED, AssistantEntry, Dispatch, Input, Receipt, TextBlock, ThreadEvent
 from torpor.streams.clients import make_consumer
@@ -33,7 +33,6 @@ from torpor.streams.deadline import Deadline
 from torpor.streams.log import LogRecord
 from torpor.streams.topics import TopicNames
 
-PR_SET_PDEATHSIG: Final = 1  # prctl(2): the signal a child gets when its parent dies
 RUN_SECONDS: Final = 120.0  # how long each phase of a run may take before the demo gives up
 
 
@@ -57,7 +56,7 @@ class Processes:
         log = (self.root / f"{name}.log").open("wb")
         self.processes[name] = subprocess.Popen([sys.executable, "-m", "torpor", *args], env=self.env,
                                                 stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                                start_new_session=True, preexec_fn=_end_with_parent)
+                                                start_new_session=True, preexec_fn=end_with_parent)
 
     def tail(self, name: str, lines: int = 15) -> str:
         text = (self.root / f"{name}.log").read_text(errors="replace").splitlines()
@@ -85,13 +84,6 @@ class Processes:
             if not clean and name not in self.reported:
                 problems.append(f"{name} exited with {code}:\n{self.tail(name)}")
         return problems
-
-
-def _end_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when the demo dies, even by SIGKILL (Linux), so
-    that a killed demo leaves no processor or connector running behind it."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class RecordReader:

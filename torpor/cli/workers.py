@@ -85,7 +85,7 @@ def worker_commands(ctx: click.Context, workers: int, instance: str, store_dir: 
 def supervise(commands: Sequence[Sequence[str]]) -> int:
     """Run the children until all end; the first non-zero status stops the others and is returned."""
     # Held until the end: a Popen collected while its child runs may reap it behind os.wait.
-    children = [subprocess.Popen(command, preexec_fn=_die_with_parent) for command in commands]
+    children = [subprocess.Popen(command, preexec_fn=end_with_parent) for command in commands]
     running = {child.pid for child in children}
 
     def stop(number: int, frame: object) -> None:
@@ -112,11 +112,11 @@ def supervise(commands: Sequence[Sequence[str]]) -> int:
     return status
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the supervisor dies, even by SIGKILL (Linux).
+def end_with_parent() -> None:
+    """In the child before exec (`preexec_fn`): SIGTERM it when its parent dies, even by SIGKILL (Linux).
 
-    Without it a killed supervisor leaves its workers running unsupervised, holding their
-    partitions, and the restarted supervisor's workers wait for them.
+    Without it a killed supervisor (or demo) leaves its workers running unsupervised,
+    holding their partitions, and the restarted supervisor's workers wait for them.
     """
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
