@@ -4,7 +4,9 @@ Against a real broker: the demo's checked run, then its second agent waiting for
 approval, then the inspector the demo started with its operator key. In headless
 Chromium: both of the demo's threads are listed; the waiting one opens, its approve
 button is pressed, the decision's receipt is `applied`, and the agent resumes and
-answers. Then SIGINT ends the demo (page and processes) cleanly and its topics go.
+answers; "fork from here" on its first entry makes a new thread that starts with that
+entry and says where it was forked from. Then SIGINT ends the demo (page and processes)
+cleanly and its topics go.
 `TORPOR_UI_SCREENSHOTS=docs` saves the pictures the README and docs/ui.md show.
 """
 
@@ -93,7 +95,7 @@ def _timeline(driver: WebDriver) -> str:
     return driver.find_element(By.ID, "timeline").text
 
 
-def test_after_the_demo_the_page_shows_its_threads_and_approving_resumes_the_waiting_agent(
+def test_after_the_demo_the_page_shows_its_threads_approving_resumes_the_agent_and_it_forks(
         demo: _Demo, browser: WebDriver, admin: AdminClient) -> None:
     found = wait_until(lambda: re.search(r"== the inspector: (http://\S+/)", demo.output()), timeout=WAIT_S,
                        message=f"the demo's inspector address; demo output:\n{demo.tail()}")
@@ -143,6 +145,27 @@ def test_after_the_demo_the_page_shows_its_threads_and_approving_resumes_the_wai
     assert re.search(r"decision +approve by operator:demo\n", after), after
     receipts = [line for line in after.splitlines() if " receipt " in line]
     assert len(receipts) == 3 and all(re.search(r"receipt +applied .* verified$", r) for r in receipts), after
+
+    # Fork the agent from its first entry: a new thread with that history, going on from there.
+    browser.get(url + "#thread=" + deployer)
+    wait_until(lambda: DEPLOYED_ANSWER in _timeline(browser), timeout=WAIT_S,
+               message="the agent's page again")
+    _click(lambda: next(iter(browser.find_elements(
+        By.CSS_SELECTOR, '#timeline li[data-seq="0"] button.fork')), None), "entry #0's fork button")
+    forked = wait_until(
+        lambda: next((a for a in browser.find_elements(By.CSS_SELECTOR, "#actions li")
+                      if a.get_attribute("data-fork") and a.get_attribute("data-disposition")), None),
+        timeout=WAIT_S, message=f"the fork control's receipt on the page; demo output:\n{demo.tail()}")
+    assert forked.get_attribute("data-disposition") == "applied", forked.text
+    fork = forked.get_attribute("data-fork")
+    forked.find_element(By.CSS_SELECTOR, f'a.thread-link[data-thread="{fork}"]').click()
+    wait_until(lambda: browser.find_element(By.ID, "missing").text
+               == f"forked from {deployer} at entry #0 by operator:demo", timeout=WAIT_S,
+               message="the fork's page, saying where it came from")
+    source_first = wait_until(lambda: next(iter(browser.find_elements(
+        By.CSS_SELECTOR, '#timeline li[data-kind="inherited"]')), None), timeout=WAIT_S,
+        message="the fork's inherited entry")
+    assert "#0 user:" in source_first.text, source_first.text
 
     demo.process.send_signal(signal.SIGINT)
     assert demo.process.wait(timeout=WAIT_S) == 0, demo.tail()
