@@ -751,4 +751,11 @@ def _record_of(message: Message) -> InputRecord:
         value=message.value(),
         timestamp=max(int(timestamp), 0),
         append_time=kind == TIMESTAMP_LOG_APPEND_TIME,
+        headers=_headers(message),
     )
+
+
+def _headers(message: Message) -> tuple[tuple[str, str | bytes | None], ...] | None:
+    # librdkafka builds the list only for a record that has headers: None costs nothing.
+    found = message.headers()
+    return tuple(found) if isinstance(found, list) and found else None

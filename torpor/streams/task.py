@@ -44,6 +44,10 @@ class InputRecord:
     # True when the broker stamped `timestamp` when it appended the record (the topic's
     # message.timestamp.type is LogAppendTime), not the producer: a time no writer chose.
     append_time: bool = False
+    # The record's headers as the consumer gave them (None: it had none). Only the trace
+    # context is read from them, and only with tracing on (`torpor.streams.tracing`):
+    # headers are not part of the input, so they change no fold and no replay.
+    headers: tuple[tuple[str, str | bytes | None], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
