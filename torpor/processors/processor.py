@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
@@ -44,7 +44,7 @@ from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.verify import Verifier
 from torpor.processors.local import now_ms, tune_collector
 from torpor.processors.models.provider import ModelProvider
-from torpor.processors.models.stage import ModelStage, StageConfig
+from torpor.processors.models.stage import ModelStage, StageConfig, StageSink
 from torpor.processors.observing import CommittedWork, ProcessorObserver
 from torpor.processors.outputs import OutputWriter
 from torpor.processors.restoring import RocksTarget
@@ -63,6 +63,12 @@ from torpor.streams.partitioner import partition_for
 from torpor.streams.renewal import ProducerRenewal
 from torpor.streams.task import Change, InputRecord, OutputRecord, StoredOffsets, TaskOutput
 from torpor.streams.topics import TopicNames
+
+if TYPE_CHECKING:  # the optional extra `otel`: imported at run time only with tracing on
+    from opentelemetry.trace import Span
+
+    from torpor.processors.tracing import FoldTraces
+    from torpor.streams.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -150,18 +156,19 @@ class KafkaStageSink:
         self._send(OutputRecord(self._topics.events, event.thread_id.encode(),
                                 self._codec.encode(self._topics.events, event)))
 
-    def publish_completion(self, completion: Input) -> None:
+    def publish_completion(self, completion: Input, headers: tuple[tuple[str, bytes], ...] = ()) -> None:
         if self._signer is not None:
             completion = self._signer.sign(completion)
         key = completion.thread_id.encode()
         self._send(OutputRecord(self._topics.inputs, key, self._codec.encode(self._topics.inputs, completion),
-                                partition=partition_for(key, self._partitions)))
+                                partition=partition_for(key, self._partitions), headers=headers))
 
     def _send(self, out: OutputRecord) -> None:
         while True:
             try:
                 self._producer.produce(out.topic, value=out.value, key=out.key,
-                                       partition=-1 if out.partition is None else out.partition)
+                                       partition=-1 if out.partition is None else out.partition,
+                                       headers=list(out.headers) or None)
                 return
             except BufferError:
                 self._producer.poll(0.05)  # full queue: let deliveries drain it
@@ -204,17 +211,21 @@ class ThreadTask:
         overlay = self._overlay = self._overlay or Overlay(self._store)
         writer, codec, topic = self._processor.writer, self._processor.codec, self._processor.topics.inputs
         observed = self._processor.observer is not None
+        traces = self._processor.traces  # None unless --traces: then one step, one span per input
         out: list[OutputRecord] = []
         changes: list[Change] = []
         run: list[StepRecord] = []
         originals = {r.offset: r for r in records}
 
-        def fold_run() -> None:
+        def fold_run(span: Span | None = None) -> None:
             if run:
                 result = step(overlay, run, verifier=self._processor.verifier,
                               default_config=self._processor.default_config,
                               partitions=self._processor.inputs_partitions)
-                out.extend(writer.step_records(result, originals))
+                produced = writer.step_records(result, originals)
+                if span is not None and traces is not None:
+                    produced = traces.carry(span, result, produced)
+                out.extend(produced)
                 changes.extend(result.changes)
                 self._requests.extend(result.completions)
                 if observed:
@@ -227,6 +238,8 @@ class ThreadTask:
                 "partition": record.partition, "offset": record.offset, "disposition": "parked"})
             out.extend(writer.poison_records(record, error))
             self._poisoned += 1
+            if traces is not None:
+                traces.parked(record, str(error))
 
         limit = self._processor.max_input_bytes
         for record in records:
@@ -236,6 +249,12 @@ class ThreadTask:
                 continue
             run.append(StepRecord(admitted, record.partition, record.offset, record.key,
                                   record.timestamp if record.append_time else None))
+            if traces is not None:
+                span = traces.fold(record, admitted)
+                try:
+                    fold_run(span)
+                finally:
+                    span.end()
         fold_run()
         return TaskOutput(tuple(out), tuple(changes))
 
@@ -298,6 +317,7 @@ class Processor:
         default_config: ThreadConfig | None = None,
         hosted_busy: Callable[[], bool] = lambda: False,
         observer: ProcessorObserver | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.observer = observer  # told of commits, partitions and completions (`observing`)
         self._hosted_busy = hosted_busy  # connectors hosted beside the processor (the CLI's)
@@ -316,7 +336,16 @@ class Processor:
         self.stages = StageThread()
         self.histories = HistoryCache(config.stage.history_cache_entries)  # shared by the stages
         self._sink_producer = make_producer(settings)
-        self.sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec, signer)
+        sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec, signer)
+        self.sink: StageSink = sink
+        self.traces: FoldTraces | None = None
+        if tracing is not None:
+            # Imported only when on: the OpenTelemetry SDK is an optional extra (`otel`).
+            from torpor.processors.tracing import FoldTraces, TracedProvider, TracedSink
+
+            self.traces = FoldTraces(tracing, self.topics.outbox)
+            self.provider = TracedProvider(provider, self.traces)
+            self.sink = TracedSink(sink, self.traces)
         self.tasks: dict[int, ThreadTask] = {}
         new_producer = functools.partial(make_producer, settings, transactional_id=config.transactional_id)
         producer_conf = producer_config(settings, transactional_id=config.transactional_id)
