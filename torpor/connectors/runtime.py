@@ -45,7 +45,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
@@ -66,6 +66,10 @@ from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
 from torpor.streams.topicwait import PAUSE_S as TOPIC_PAUSE_S
 from torpor.streams.topicwait import TopicWait
+
+if TYPE_CHECKING:  # the optional extra `otel`: imported at run time only with tracing on
+    from torpor.connectors.tracing import EffectTraces
+    from torpor.streams.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +113,8 @@ class ConnectorRuntime:
                  journal: EffectJournal | None = None, codec: Codec | None = None,
                  signer: Signer | None = None, retention_ms: int = DEFAULT_RETENTION_MS,
                  max_concurrency: int | None = None, clock: Callable[[], int] = now_ms,
-                 wait_for_topics: bool = True, observer: ConnectorObserver | None = None) -> None:
+                 wait_for_topics: bool = True, observer: ConnectorObserver | None = None,
+                 tracing: Tracing | None = None) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, not {max_concurrency}")
         self._max_concurrency = max_concurrency
@@ -122,6 +127,12 @@ class ConnectorRuntime:
             retention_ms=retention_ms)
         self.journal = self._intake.journal
         self._observer = observer  # told what is taken, produced and journaled (connectors.metrics)
+        self._traces: EffectTraces | None = None
+        if tracing is not None:
+            # Imported only when on: the OpenTelemetry SDK is an optional extra (`otel`).
+            from torpor.connectors.tracing import EffectTraces
+
+            self._traces = EffectTraces(tracing)
         if observer is not None:
             self.journal.on_moved = observer.effect_moved
         self._consumer = make_consumer(settings, group, on_commit=self._on_commit)
@@ -148,11 +159,14 @@ class ConnectorRuntime:
         key = record.thread_id.encode("utf-8")
         value = self._codec.encode(self._topics.inputs, record)
         on_delivery = None if request_id is None else self._delivered_callback(request_id)
+        headers: list[tuple[str, str | bytes | None]] | None = None
+        if self._traces is not None:
+            headers = list(self._traces.headers_for(record, request_id)) or None
         while True:
             try:
                 self._producer.produce(self._topics.inputs, value=value, key=key,
                                        partition=partition_for(key, self._partitions),
-                                       on_delivery=on_delivery)
+                                       on_delivery=on_delivery, headers=headers)
                 if self._observer is not None:
                     self._observer.sent(record)
                 return
@@ -187,9 +201,15 @@ class ConnectorRuntime:
             while not should_stop():
                 room = self._room()
                 messages = self._consumer.consume(room, timeout=0)
-                taken = [dispatch for message in messages
-                         if (dispatch := self._take(message.error(), message.value(), message.partition(),
-                                                    message.offset())) is not None]
+                taken: list[Dispatch] = []
+                for message in messages:
+                    dispatch = self._take(message.error(), message.value(), message.partition(),
+                                          message.offset())
+                    if dispatch is not None:
+                        taken.append(dispatch)
+                        if self._traces is not None:  # before routing: a stored answer is re-sent there
+                            carried = message.headers()
+                            self._traces.taken(dispatch, carried if isinstance(carried, list) else None)
                 if taken:
                     # One synced journal write for the batch, then the tools start (group commit).
                     self._intake.route_all(taken, self.connector)
@@ -224,6 +244,8 @@ class ConnectorRuntime:
             self._offsets.commit_now(FLUSH_SECONDS)
             self._consumer.close()
             self.journal.close()
+            if self._traces is not None:
+                self._traces.close()
 
     def _found_topics(self, found: Mapping[str, int] | None) -> None:
         if found is not None:
