@@ -23,6 +23,7 @@ import click
 from torpor.cli.logs import LOG_FORMAT_OPTION, announce, configure
 from torpor.cli.metrics import serve_metrics
 from torpor.cli.settings import default_group, read_settings, settings_options
+from torpor.cli.traces import TRACES_OPTION, start_tracing, stop_tracing
 from torpor.connectors.journal import EffectJournal
 from torpor.connectors.metrics import ConnectorMetrics
 from torpor.connectors.runtime import ConnectorFactory, ConnectorRuntime
@@ -57,6 +58,7 @@ _OPTIONS: Final = (
     click.option("--metrics-host", default="127.0.0.1", show_default=True, help="The address of /metrics."),
     click.option("--log-level", default="info", show_default=True),
     LOG_FORMAT_OPTION,
+    TRACES_OPTION,
 )
 
 
@@ -107,7 +109,7 @@ def _signer(key_id: str | None, key_file: Path | None) -> Signer | None:
 
 def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_key_id: str | None,
            signing_key: Path | None, concurrency: int | None, wait_for_topics: bool, metrics_port: int | None,
-           metrics_host: str, log_level: str, log_format: str, config_file: Path | None,
+           metrics_host: str, log_level: str, log_format: str, traces: str, config_file: Path | None,
            bootstrap: str | None) -> None:
     configure(log_level, log_format)
     settings = read_settings(config_file, bootstrap)
@@ -123,9 +125,10 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
                                    "(is another connector process using it?)") from None
     metrics = None if metrics_port is None else ConnectorMetrics()
     try:
+        tracing = start_tracing(traces, "torpor-connector")
         runner = ConnectorRuntime(settings, factory, group=group, journal=journal, signer=signer,
                                   max_concurrency=concurrency, wait_for_topics=wait_for_topics,
-                                  observer=metrics)
+                                  observer=metrics, tracing=tracing)
         if metrics is not None and metrics_port is not None:
             server, _ = serve_metrics(metrics.registry, metrics_host, metrics_port)
             announce(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
@@ -140,6 +143,7 @@ def _serve(target: str, *, group: str | None, journal_dir: Path | None, signing_
     except TorporError as error:
         announce(f"fatal: {type(error).__name__}: {error}", logging.CRITICAL)
         raise SystemExit(2) from None
+    stop_tracing(tracing)
     announce(f"connector {name} stopped after {runner.handled} dispatches")
 
 

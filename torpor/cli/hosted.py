@@ -20,12 +20,15 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from torpor.cli.connector import import_factory
 from torpor.connectors.journal import EffectJournal
 from torpor.connectors.runtime import ConnectorRuntime
 from torpor.streams.config import Settings
+
+if TYPE_CHECKING:
+    from torpor.streams.tracing import Tracing
 
 SETTLE_SECONDS: Final = 1.5
 JOIN_SECONDS: Final = 30.0
@@ -37,7 +40,7 @@ class HostedConnectors:
     """The connectors of `--connector`, each on its own thread (module docstring)."""
 
     def __init__(self, settings: Settings, targets: tuple[str, ...], *, app: str, instance: str,
-                 store_dir: Path) -> None:
+                 store_dir: Path, tracing: Tracing | None = None) -> None:
         self._stop = threading.Event()
         self.failed: list[str] = []
         self.runtimes: list[ConnectorRuntime] = []
@@ -46,7 +49,7 @@ class HostedConnectors:
             name = target.rpartition(":")[2]
             journal = EffectJournal(store_dir / "connectors" / name)
             runtime = ConnectorRuntime(settings, import_factory(target), group=f"{app}-{instance}-{name}",
-                                       journal=journal)
+                                       journal=journal, tracing=tracing)
             self.runtimes.append(runtime)
             self._threads.append(threading.Thread(target=self._serve, args=(name, runtime),
                                                   name=f"torpor-connector-{name}", daemon=True))

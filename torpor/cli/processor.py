@@ -26,6 +26,7 @@ from torpor.cli.logs import LOG_FORMAT_OPTION, announce, configure
 from torpor.cli.metrics import serve_metrics
 from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
+from torpor.cli.traces import TRACES_OPTION, start_tracing, stop_tracing
 from torpor.cli.workers import supervise, worker_commands
 from torpor.processors.metrics import ProcessorMetrics
 from torpor.processors.models.providers.registry import ModelRouter
@@ -93,6 +94,7 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
                    "process supervises them and ends with the first failing one's status.")
 @click.option("--log-level", default="info", show_default=True)
 @LOG_FORMAT_OPTION
+@TRACES_OPTION
 @settings_options
 @click.pass_context
 def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Path | None,
@@ -101,7 +103,7 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
               anthropic_base_url: str | None, anthropic_api_key_env: str, bedrock_region: str | None,
               bedrock_endpoint_url: str | None, connectors: tuple[str, ...],
               metrics_port: int | None, metrics_host: str, workers: int, log_level: str, log_format: str,
-              config_file: Path | None, bootstrap: str | None) -> None:
+              traces: str, config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     configure(log_level, log_format)
     if workers > 1:
@@ -128,11 +130,12 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
         _warn_if_a_key_leaves("--anthropic-base-url", providers.anthropic, anthropic_api_key_env,
                               ANTHROPIC_HOST)
         model = ModelRouter(providers, default_model, script=rules)
+        tracing = start_tracing(traces, "torpor-processor")
         hosted = HostedConnectors(settings, connectors, app=app, instance=instance,
-                                  store_dir=config.store_dir)
+                                  store_dir=config.store_dir, tracing=tracing)
         metrics = None if metrics_port is None else ProcessorMetrics()
         runner = Processor(settings, config, model, inputs_partitions=ensured.partitions,
-                           hosted_busy=hosted.busy, observer=metrics)
+                           hosted_busy=hosted.busy, observer=metrics, tracing=tracing)
         if metrics is not None and metrics_port is not None:
             metrics.track_lag(runner.high_watermark)
             server, _ = serve_metrics(metrics.registry, metrics_host, metrics_port)
@@ -150,6 +153,7 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
     hosted.stop()
     if hosted.failed:
         _fatal(RuntimeError("hosted connector failed: " + "; ".join(hosted.failed)))
+    stop_tracing(tracing)
     loop = runner.loop
     announce(f"processor {instance} stopped: {loop.commits} commits, {loop.aborts} aborts")
 

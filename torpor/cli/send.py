@@ -39,9 +39,10 @@ import click
 
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options, wire_id
+from torpor.cli.traces import TRACES_OPTION, start_tracing, stop_tracing
 from torpor.connectors.manifest import read_toolsets
 from torpor.schemas.codec import Codec
-from torpor.schemas.errors import TorporError
+from torpor.schemas.errors import ConfigError, TorporError
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
     APPLIED,
@@ -64,6 +65,8 @@ from torpor.streams.observer import Observed, Observer, Position
 from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
 
+Headers = tuple[tuple[str, bytes], ...]
+"""Record headers, as `torpor.streams.tracing.Headers` (not imported: the otel extra is optional)."""
 FLUSH_SECONDS: Final = 30.0
 _CONFIG_KEYS: Final = frozenset(
     {
@@ -79,8 +82,10 @@ _CONFIG_KEYS: Final = frozenset(
 )
 
 
-def produce_inputs(settings: Settings, records: Sequence[Input]) -> None:
+def produce_inputs(settings: Settings, records: Sequence[Input], headers: Headers = ()) -> None:
     """Produce `records` to `inputs`, each on its thread's partition, in order; wait for the acks.
+
+    `headers` go on every record (a trace context: `torpor.streams.tracing`; none by default).
 
     Raises `TorporError` if the topic is missing or the broker does not acknowledge them.
     """
@@ -107,6 +112,7 @@ def produce_inputs(settings: Settings, records: Sequence[Input]) -> None:
             value=codec.encode(topic, record),
             partition=partition_for(key, len(metadata.partitions)),
             on_delivery=delivered,
+            headers=list(headers) or None,
         )
     if producer.flush(FLUSH_SECONDS) > 0:
         raise TorporError(f"the broker did not acknowledge the input within {FLUSH_SECONDS:.0f} s")
@@ -226,6 +232,7 @@ def _resolve(names: list[str], settings: Settings) -> tuple[ToolSpec, ...]:
               help="A stable id, so a retried send is a duplicate.")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Wait this long for the receipts and print them; exit 1 if one is not applied.")
+@TRACES_OPTION
 @signing_options
 @settings_options
 def send(
@@ -241,6 +248,7 @@ def send(
     wait_s: float | None,
     signing_key_id: str | None,
     signing_key: Path | None,
+    traces: str,
     config_file: Path | None,
     bootstrap: str | None,
 ) -> None:
@@ -291,7 +299,24 @@ def send(
     records.append(envelope(thread, message_id, who, UserMessage((TextBlock(text),))))
     if signer is not None:
         records = [signer.sign(r) for r in records]
-    deliver(settings, thread, records, wait_s, _announce)
+    try:
+        tracing = start_tracing(traces, "torpor-send")
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from None
+    if tracing is None:
+        deliver(settings, thread, records, wait_s, _announce)
+        return
+    from opentelemetry.trace import SpanKind  # tracing is on: the otel extra is there
+
+    # One trace from here: the fold of each input, its model calls, tools and results.
+    span = tracing.start(f"send {type(records[-1].body).__name__}", None, SpanKind.PRODUCER, {
+        "messaging.system": "kafka", "messaging.operation.type": "send",
+        "torpor.thread_id": thread, "torpor.message_id": records[-1].message_id})
+    try:
+        deliver(settings, thread, records, wait_s, _announce, tracing.headers(span))
+    finally:
+        span.end()
+        stop_tracing(tracing)
 
 
 def _announce(records: list[Input]) -> None:
@@ -306,19 +331,19 @@ WAIT_OPTION_HELP: Final = ("Wait this long for the receipt and print it; exit 1 
 
 
 def deliver(settings: Settings, thread: str, records: list[Input], wait_s: float | None,
-            announce: Callable[[list[Input]], None]) -> None:
+            announce: Callable[[list[Input]], None], headers: Headers = ()) -> None:
     """Produce `records` to `thread`, `announce` them once the broker has them, then (with a
     `wait_s` other than None or 0) print each one's receipt as the processor folds it: exit 1
     (a `ClickException`) if one is refused or does not come in time."""
     try:
         if not wait_s:
-            produce_inputs(settings, records)
+            produce_inputs(settings, records, headers)
             announce(records)
             return
         with Observer(settings, receipts=True) as observer:
             # The receipts' end before producing: what the wait reads from, so none is missed.
             start = observer.start(at_end=True, threads=[thread])
-            produce_inputs(settings, records)
+            produce_inputs(settings, records, headers)
             announce(records)
             _await_receipts(observer, start, thread, [r.message_id for r in records], wait_s)
     except TorporError as error:
