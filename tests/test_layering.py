@@ -15,6 +15,8 @@ runtimes at the top of the package, the only modules that compose the others.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -50,7 +52,13 @@ FOLD_FORBIDDEN: Final = frozenset({
     "asyncio", "io", "logging", "os", "pathlib", "random", "secrets", "shutil", "socket", "subprocess",
     "threading", "time", "urllib", "uuid",
     "anthropic", "boto3", "confluent_kafka", "fastavro", "httpx", "mcp", "openai", "rocksdict",
-    "faust", "aiokafka",
+    "faust", "aiokafka", "opentelemetry",
+})
+
+# OpenTelemetry (the optional extra `otel`) is imported only by these modules, and they only
+# when tracing is on: the rest of Torpor runs without it (docs/traces.md).
+TRACING_MODULES: Final = frozenset({
+    "streams/tracing.py", "processors/tracing.py", "connectors/tracing.py", "cli/traces.py", "cli/send.py",
 })
 
 
@@ -198,3 +206,42 @@ def test_the_checker_sees_a_wrong_room(tmp_path: Path) -> None:
         "torpor.processors.store.planted imports torpor.processors.step (store may not import runtimes)",
         "torpor.processors.models.planted imports torpor.processors.replay (models may not import runtimes)",
     ])
+
+
+def test_only_the_tracing_modules_import_opentelemetry() -> None:
+    wrong = [f"torpor/{path.relative_to(PACKAGE)} imports {imported}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).as_posix() not in TRACING_MODULES
+             for imported in _imports(path) if imported.split(".")[0] == "opentelemetry"]
+    assert not wrong, "OpenTelemetry imported outside the tracing modules:\n" + "\n".join(wrong)
+
+
+def test_torpor_runs_without_the_otel_extra() -> None:
+    """Without the SDK (a provider's client may bring OpenTelemetry's API alone), the
+    processor, the connectors and the command line import without any tracing module,
+    tracing off is None, and asking for traces says which extra to install."""
+    program = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(("opentelemetry.sdk", "opentelemetry.exporter")):
+            raise ImportError(f"no module named {name!r} (blocked by the test)")
+        return None
+sys.meta_path.insert(0, Absent())
+import torpor.cli, torpor.cli.processor, torpor.cli.connector, torpor.cli.send
+import torpor.processors.processor, torpor.connectors.runtime
+from torpor.cli.traces import start_tracing
+from torpor.schemas.errors import ConfigError
+assert start_tracing("off", "x") is None
+try:
+    start_tracing("otlp", "x")
+except ConfigError as error:
+    assert "torpor[otel]" in str(error), error
+else:
+    raise AssertionError("otlp without OpenTelemetry started")
+assert not [m for m in sys.modules if m.startswith("torpor.") and m.endswith(".tracing")]
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

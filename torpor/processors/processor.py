@@ -65,9 +65,7 @@ from torpor.streams.task import Change, InputRecord, OutputRecord, StoredOffsets
 from torpor.streams.topics import TopicNames
 
 if TYPE_CHECKING:  # the optional extra `otel`: imported at run time only with tracing on
-    from opentelemetry.trace import Span
-
-    from torpor.processors.tracing import FoldTraces
+    from torpor.processors.tracing import FoldSpan, FoldTraces
     from torpor.streams.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -217,7 +215,7 @@ class ThreadTask:
         run: list[StepRecord] = []
         originals = {r.offset: r for r in records}
 
-        def fold_run(span: Span | None = None) -> None:
+        def fold_run(span: FoldSpan | None = None) -> None:
             if run:
                 result = step(overlay, run, verifier=self._processor.verifier,
                               default_config=self._processor.default_config,

@@ -40,6 +40,9 @@ from torpor.schemas.records import APPLIED, DEFERRED, DUPLICATE, Input, ThreadEv
 from torpor.streams.task import InputRecord, OutputRecord
 from torpor.streams.tracing import Headers, Tracing
 
+FoldSpan = Span
+"""The span of one input's fold (an OpenTelemetry span), named for the processor's type hints."""
+
 # Completion requests whose trace context is kept for the model stage: a request the
 # stage drops (the thread moved on) is never asked for, so the oldest are forgotten.
 MODEL_TRACES_KEPT: Final = 10_000
