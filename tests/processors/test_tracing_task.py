@@ -125,7 +125,7 @@ def test_a_model_call_is_a_span_under_its_request_and_its_completion_carries_it(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     traces = FoldTraces(Tracing(provider), "outbox")
-    traces.models.put("req-1", ((TRACEPARENT, PARENT),))
+    traces.models.requested("req-1", ((TRACEPARENT, PARENT),))
     model, sink = TracedProvider(_Answers(), traces), _Sink()
     request = CompletionRequest("req-1", "t-1", "scripted", "", (), (), None)
 
@@ -134,7 +134,9 @@ def test_a_model_call_is_a_span_under_its_request_and_its_completion_carries_it(
 
     outputs = asyncio.run(call())
     assert isinstance(outputs[-1], Finished)
-    (span,) = exporter.get_finished_spans()
+    asyncio.run(call())  # a retry: a sibling under the same request, not a child of the first
+    first, span = exporter.get_finished_spans()
+    assert first.parent == span.parent
     assert span.name == "model scripted"
     assert span.parent is not None and span.parent.span_id == 0xb7ad6b7169203331
     assert span.attributes is not None and span.attributes["gen_ai.usage.output_tokens"] == 1
@@ -144,11 +146,15 @@ def test_a_model_call_is_a_span_under_its_request_and_its_completion_carries_it(
     ((_, headers),) = sink.published
     expected = f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01".encode()
     assert headers == ((TRACEPARENT, expected),)
-    assert traces.models.get("req-1") == ()  # published: forgotten
+    assert traces.models.published("req-1") == ()  # published: forgotten
 
 
 def test_model_traces_keep_only_the_newest_requests() -> None:
     kept = ModelTraces(kept=2)
     for request_id in ("a", "b", "c"):
-        kept.put(request_id, (("traceparent", request_id.encode()),))
-    assert [kept.get(r) != () for r in ("a", "b", "c")] == [False, True, True]
+        kept.requested(request_id, (("traceparent", request_id.encode()),))
+    assert [kept.requested_by(r) != () for r in ("a", "b", "c")] == [False, True, True]
+    kept.called("c", (("traceparent", b"call"),))
+    assert kept.requested_by("c") == (("traceparent", b"c"),)
+    assert kept.published("c") == (("traceparent", b"call"),)
+    assert kept.published("b") == (("traceparent", b"b"),)  # never called: the fold span's

@@ -51,29 +51,41 @@ _FINE: Final = frozenset({APPLIED, DUPLICATE, DEFERRED})
 
 
 class ModelTraces:
-    """request id -> the headers of the span that requested it, then of its model call.
+    """request id -> (the headers of the fold span that requested it, of its last model call).
 
     Written by the fold's thread, read by the stage's: a lock. Bounded (`MODEL_TRACES_KEPT`)."""
 
     def __init__(self, kept: int = MODEL_TRACES_KEPT) -> None:
         self._kept = kept
-        self._headers: OrderedDict[str, Headers] = OrderedDict()
+        self._headers: OrderedDict[str, tuple[Headers, Headers]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, request_id: str, headers: Headers) -> None:
+    def requested(self, request_id: str, headers: Headers) -> None:
+        """The fold span with `headers` requested `request_id`."""
         with self._lock:
-            self._headers[request_id] = headers
+            self._headers[request_id] = (headers, ())
             self._headers.move_to_end(request_id)
             while len(self._headers) > self._kept:
                 self._headers.popitem(last=False)
 
-    def get(self, request_id: str) -> Headers:
+    def requested_by(self, request_id: str) -> Headers:
+        """The headers of the fold span that requested `request_id` (each attempt's parent)."""
         with self._lock:
-            return self._headers.get(request_id, ())
+            return self._headers.get(request_id, ((), ()))[0]
 
-    def pop(self, request_id: str) -> Headers:
+    def called(self, request_id: str, headers: Headers) -> None:
+        """An attempt at `request_id` is the span with `headers` (the last attempt wins)."""
         with self._lock:
-            return self._headers.pop(request_id, ())
+            found = self._headers.get(request_id)
+            if found is not None:
+                self._headers[request_id] = (found[0], headers)
+
+    def published(self, request_id: str) -> Headers:
+        """Forget `request_id`; return the headers its `Completion` carries: the last model
+        call's, or the requesting fold span's if no call was made."""
+        with self._lock:
+            requested, called = self._headers.pop(request_id, ((), ()))
+            return called or requested
 
 
 class FoldTraces:
@@ -115,13 +127,16 @@ class FoldTraces:
                 span.set_status(StatusCode.ERROR, disposition)
         caused = self.tracing.headers(span)
         for request in output.completions:
-            self.models.put(request.request_id, caused)
+            self.models.requested(request.request_id, caused)
         dispatches = iter(output.dispatches)
         carried: list[OutputRecord] = []
         for out in records:
             headers = caused
             if out.topic == self._outbox:
-                dispatch = next(dispatches)
+                dispatch = next(dispatches, None)
+                if dispatch is None:  # one outbox record per dispatch (`OutputWriter`): never
+                    carried.append(dataclasses.replace(out, headers=out.headers + headers))
+                    continue
                 child = self.tracing.start(f"dispatch {dispatch.tool}", self.tracing.under(span),
                                            SpanKind.PRODUCER, {
                                                "messaging.system": "kafka",
@@ -151,7 +166,7 @@ class TracedProvider:
 
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
         tracing = self._traces.tracing
-        parent = tracing.parent(self._traces.models.get(request.request_id))
+        parent = tracing.parent(self._traces.models.requested_by(request.request_id))
         span = tracing.start(f"model {request.model}", parent, SpanKind.CLIENT, {
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": request.model,
@@ -159,7 +174,7 @@ class TracedProvider:
             "torpor.request_id": request.request_id,
         })
         # The completion this attempt publishes continues from here (the last attempt wins).
-        self._traces.models.put(request.request_id, tracing.headers(span))
+        self._traces.models.called(request.request_id, tracing.headers(span))
         try:
             async for output in self._inner.complete(request):
                 if isinstance(output, Finished):
@@ -194,6 +209,5 @@ class TracedSink:
         self._inner.publish_event(event)
 
     def publish_completion(self, completion: Input) -> None:
-        # The request id: the last attempt's span, or the requesting fold span if the
-        # stage failed the request before calling the model.
-        self._inner.publish_completion(completion, self._traces.models.pop(completion.message_id))
+        # Its message id is the request id.
+        self._inner.publish_completion(completion, self._traces.models.published(completion.message_id))
