@@ -8,6 +8,7 @@ with tracing off no record carries a trace header Torpor added.
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from collections.abc import Iterable
 from typing import Any, Final
@@ -16,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.processors.test_processor import TORPOR, Deployment, _conversation, deployment
+from tests.waiting import wait_until
 from torpor.schemas.codec import encode_value
 from torpor.schemas.records import TextBlock, UserMessage
 
@@ -149,3 +151,29 @@ def test_with_tracing_off_no_record_carries_a_trace_header(deployment: Deploymen
     user = [i for i in deployment.inputs() if isinstance(i.body, UserMessage)]
     assert [b.text for i in user for b in i.body.content if isinstance(b, TextBlock)] == ["please ping"]
 
+
+
+def test_a_connector_process_continues_the_processor_s_trace(deployment: Deployment) -> None:
+    thread_id = f"apart-{uuid.uuid4().hex[:8]}"
+    create, _ = _conversation(thread_id, "please ping")
+    deployment.send(create)
+    processor = deployment.start(deployment.processor_args("p0", "--traces", "console"), "processor")
+    echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}",
+                             "--traces", "console"], "echo")
+    sent = deployment.run([TORPOR, "send", thread_id, "please ping", "--traces", "console"])
+    assert sent.returncode == 0, sent.stderr[-3000:]
+    wait_until(lambda: "The echo said ping." in deployment.answers(thread_id), timeout=120,
+               message=f"the final answer; processor log:\n{deployment.log('processor')[-3000:]}")
+    for process in (processor, echo):
+        process.send_signal(signal.SIGTERM)
+    assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]
+    assert echo.wait(timeout=60) == 0, deployment.log("echo")[-3000:]
+
+    (send,) = _spans(sent.stderr)
+    trace = send["context"]["trace_id"]
+    folds = [s for s in _spans(deployment.log("processor")) if s["context"]["trace_id"] == trace]
+    (effect,) = [s for s in _spans(deployment.log("echo")) if s["context"]["trace_id"] == trace]
+    assert effect["name"] == "effect echo"
+    assert effect["resource"]["attributes"]["service.name"] == "torpor-connector"
+    assert _one(folds, "dispatch echo")["context"]["span_id"] == effect["parent_id"]
+    assert _one(folds, "fold ToolResult")["parent_id"] == effect["context"]["span_id"]
