@@ -35,6 +35,10 @@ The journal discipline itself (route, send, recover) is `connectors.intake`, sha
 the Faust adapter; this module is its confluent-kafka transport.
 `TORPOR_CONNECTOR_FAULT=after_effect` is honoured there (`intake.FAULT_ENV`).
 
+With a `Tracing` (`--traces`), each dispatch taken is an effect span under its outbox
+record's trace context, and the connector's inputs for it carry that span's context
+(`connectors.tracing`).
+
 An undecodable dispatch is logged loudly and skipped: a connector cannot act on it,
 and the processor's receipts already account for the turn that made it.
 """

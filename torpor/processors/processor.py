@@ -22,6 +22,11 @@ stages run on one asyncio loop in a daemon thread (`StageThread`), so a slow mod
 holds a partition's offsets. `until_idle` stops once every owned partition is caught
 up, no checkpoint is open, and no model call or completion is in flight.
 
+With a `Tracing` (`--traces`), each input is folded in a `step` of its own inside a span
+(`processors.tracing`), the records it causes carry that span's trace context, and the
+model stage's provider and sink are wrapped to span each call; without one, nothing of
+it runs and no record gets a header.
+
 Fatal errors (fenced, a hung transaction call, an offset mismatch) propagate out of
 `run`; the command line exits non-zero with their message.
 """
