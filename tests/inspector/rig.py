@@ -2,7 +2,7 @@
 processes against a real broker, for the inspector's tests.
 
 `inspected(...)` deploys them on topics of their own (tests.cli.rig.deploy), starts
-`torpor ui --port 0` with the same settings, and yields an `Inspected`: the deployment
+`torpor ui --port 0` with the same settings and the processor's `--app` (its lag panel), and yields an `Inspected`: the deployment
 and the page's URL. The scripted model asks for a deployment (which needs an approval)
 when told "deploy to staging", answers `DONE` once deployed, spawns a child thread when
 told to "split the work" (the child answers `CHILD_ANSWER`), and answers "hostile" with
@@ -48,7 +48,8 @@ class Inspected:
 @contextmanager
 def inspected(bootstrap: str, admin: AdminClient, root: Path, *ui_args: str) -> Iterator[Inspected]:
     with deploy(bootstrap, admin, root, SCRIPT, "torpor.connectors.approvals:DeployTool") as deployment:
-        deployment.start([TORPOR, "ui", "--port", "0", "--operator", "inspector-test", *ui_args], "ui")
+        deployment.start([TORPOR, "ui", "--port", "0", "--operator", "inspector-test",
+                          "--app", f"app-{deployment.prefix}", *ui_args], "ui")
         found = wait_until(lambda: re.search(r"torpor ui: (http://\S+/)", deployment.log("ui")), timeout=60,
                            message="torpor ui's address on its output")
         yield Inspected(deployment, found.group(1))

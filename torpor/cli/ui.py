@@ -27,7 +27,7 @@ from uvicorn.config import LOGGING_CONFIG
 
 from torpor.cli.logs import LOG_FORMAT_OPTION, LogFormat, configure
 from torpor.cli.send import produce_inputs
-from torpor.cli.settings import read_settings, settings_options
+from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options
 from torpor.inspector.app import UiConfig, create_app
 from torpor.inspector.desk import Desk
@@ -47,10 +47,13 @@ from torpor.streams.config import Settings
               help="Another Host name the page may be reached by (repeatable).")
 @click.option("--operator", default=None,
               help="Who acts from the page: operator:<name> (default: login name).")
+@click.option("--app", default=None,
+              help="The processor's --app (its consumer group), whose lag the page shows "
+                   "(default: the processor's default for these settings).")
 @LOG_FORMAT_OPTION
 @signing_options
 @settings_options
-def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, log_format: str,
+def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, app: str | None, log_format: str,
        signing_key_id: str | None, signing_key: Path | None, config_file: Path | None,
        bootstrap: str | None) -> None:
     """Serve the inspector: the threads, their timelines, approvals and operator controls."""
@@ -67,8 +70,9 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, log
     if host not in ("0.0.0.0", "::"):
         hosts.append(host)
     desk = Desk(operator or getpass.getuser(), signer, submit)
-    app = create_app(UiConfig(settings=settings, desk=desk, hosts=tuple(hosts),
-                              time_travel=functools.partial(past_state, settings)))
+    page = create_app(UiConfig(settings=settings, desk=desk, hosts=tuple(hosts),
+                               time_travel=functools.partial(past_state, settings),
+                               group=app or default_group(settings, "processor")))
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -79,7 +83,7 @@ def ui(host: str, port: int, allowed: tuple[str, ...], operator: str | None, log
         raise click.ClickException(f"cannot listen on {host}:{port}: {error}") from None
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     click.echo(f"torpor ui: http://{shown}:{sock.getsockname()[1]}/", nl=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=3,
+    server = uvicorn.Server(uvicorn.Config(page, log_level="info", timeout_graceful_shutdown=3,
                                            log_config=None if json_logs else LOGGING_CONFIG))
     # uvicorn re-raises the Ctrl-C it stopped on: a clean stop (exit 0), not click's "Aborted!".
     with contextlib.suppress(KeyboardInterrupt):

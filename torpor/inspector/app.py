@@ -13,6 +13,8 @@ Routes:
                                 its partition (re-folded from `inputs`, as `torpor replay --at`)
   POST /api/approve, /api/control   an operator's decision or command, signed (`Desk`);
                                 answers the message id, whose receipt the timeline shows
+  GET  /api/lag?window=         the processor group's lag per `inputs` partition, its members
+                                (instances) and the last `window` seconds of samples (`LagWatch`)
   POST /api/fork                a fork of a thread from one of its entries (`Desk.fork`):
                                 answers the control's message id, the new thread's id and
                                 its creation's message id (its receipt: the new timeline)
@@ -52,6 +54,8 @@ from torpor.inspector.bridge import IDLE, iterate_in_thread
 from torpor.inspector.desk import Desk, DeskError, ForkRequest
 from torpor.inspector.feed import Feed
 from torpor.inspector.index import ThreadIndex
+from torpor.inspector.lag import WINDOW_MS
+from torpor.inspector.lagwatch import LagWatch
 from torpor.inspector.past import TimeTravel
 from torpor.inspector.timeline import timeline
 from torpor.schemas.errors import TorporError
@@ -83,6 +87,7 @@ class UiConfig:
     desk: Desk
     hosts: Sequence[str] = ("127.0.0.1", "localhost", "[::1]")
     time_travel: TimeTravel | None = None
+    group: str | None = None  # the processor's consumer group (`--app`): the lag panel's subject
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
 
@@ -112,16 +117,21 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
     """The app. With `feed` (the default) it reads the topics into its thread index while it runs."""
     index = ThreadIndex()
     reader = Feed(config.settings, index)
+    lag = LagWatch(config.settings, config.group) if config.group else None
     page = (STATIC / "index.html").read_text().replace("{{TOKEN}}", config.token)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         if feed:
             reader.start()
+            if lag is not None:
+                lag.start()
         try:
             yield
         finally:
             await asyncio.to_thread(reader.stop)
+            if lag is not None:
+                await asyncio.to_thread(lag.stop)
 
     async def home(_: Request) -> Response:
         return HTMLResponse(page)
@@ -231,6 +241,23 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
             return JSONResponse({"error": "the thread did not exist at that offset"}, status_code=404)
         return JSONResponse(past.as_json())
 
+    async def lag_panel(request: Request) -> Response:
+        if extra := sorted(set(request.query_params) - {"window"}):
+            return JSONResponse({"error": f"unexpected parameter {extra[0][:40]!r}: /api/lag takes window"},
+                                status_code=400)
+        raw = request.query_params.get("window", str(WINDOW_MS // 1000))
+        window = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 6 else 0
+        if not 1 <= window <= WINDOW_MS // 1000:
+            return JSONResponse({"error": f"window must be whole seconds, 1 to {WINDOW_MS // 1000}"},
+                                status_code=400)
+        if lag is None:
+            return JSONResponse({"error": "this server watches no processor group"}, status_code=501)
+        view = lag.view()
+        since = (view.at_ms or 0) - window * 1000
+        series = lag.series(since)
+        return JSONResponse({**view.as_json(), "window": window,
+                             "series": {str(p): [list(s) for s in samples] for p, samples in series.items()}})
+
     async def whoami(_: Request) -> Response:
         return JSONResponse({"operator": config.desk.source, "signed": config.desk.signer is not None,
                              "prefix": config.settings.topics.prefix})
@@ -245,6 +272,7 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
         Route("/api/approve", approve, methods=["POST"]),
         Route("/api/control", control, methods=["POST"]),
         Route("/api/fork", fork, methods=["POST"]),
+        Route("/api/lag", lag_panel),
         Route("/api/whoami", whoami),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
