@@ -2,11 +2,12 @@
 processes against a real broker, for the inspector's tests.
 
 `inspected(...)` deploys them on topics of their own (tests.cli.rig.deploy), starts
-`torpor ui --port 0` with the same settings and the processor's `--app` (its lag panel), and yields an `Inspected`: the deployment
-and the page's URL. The scripted model asks for a deployment (which needs an approval)
-when told "deploy to staging", answers `DONE` once deployed, spawns a child thread when
-told to "split the work" (the child answers `CHILD_ANSWER`), and answers "hostile" with
-text that would run script if a page ever parsed model text as HTML.
+`torpor ui --port 0` with the same settings and the processor's `--app` (whose lag the
+page shows), and yields an `Inspected`: the deployment and the page's URL. The scripted
+model asks for a deployment (which needs an approval) when told "deploy to staging",
+answers `DONE` once deployed, spawns a child thread when told to "split the work" (the
+child answers `CHILD_ANSWER`), and answers "hostile" with text that would run script if
+a page ever parsed model text as HTML.
 """
 
 from __future__ import annotations
