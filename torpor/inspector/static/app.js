@@ -73,6 +73,85 @@ function openList() {
   });
 }
 
+// --- the processor's lag and instances ------------------------------------------------------
+// Polled every few seconds while the list shows (the server samples the broker on its own
+// schedule; this only reads its last sample). The chart is an inline SVG drawn here.
+
+const LAG_POLL_MS = 3000;
+const WINDOW_S = 600;
+const SVG = "http://www.w3.org/2000/svg";
+const lag = { timer: null };
+
+// The x axis spans from the oldest sample kept (at least a minute, at most the window) to
+// the last sample: a page opened a minute ago draws a minute, not a sliver of ten.
+function sparkline(samples, now) {
+  const peak = Math.max(0, ...samples.map((s) => s[1]));
+  const width = 240, height = 32, top = Math.max(1, peak);  // all zeros: a flat line at the bottom
+  const oldest = samples.length ? samples[0][0] : now;
+  const span = Math.min(WINDOW_S * 1000, Math.max(60 * 1000, now - oldest));
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("width", String(width));
+  svg.setAttribute("height", String(height));
+  svg.setAttribute("role", "img");
+  const x = (t) => (width * (t - (now - span)) / span).toFixed(1);
+  const y = (v) => (height - 2 - (height - 4) * v / top).toFixed(1);
+  const line = document.createElementNS(SVG, "polyline");
+  line.setAttribute("points", samples.map((s) => x(s[0]) + "," + y(s[1])).join(" "));
+  svg.append(line);
+  const title = document.createElementNS(SVG, "title");
+  title.textContent = samples.length + " samples over " + Math.round(span / 1000) + " s, highest lag " + peak;
+  svg.append(title);
+  return el("span", { class: "chart" }, svg, el("span", { class: "peak" }, "peak " + peak + ", " +
+    Math.round(span / 1000) + " s"));
+}
+
+async function loadLag() {
+  if ($("list-view").hidden) return;
+  let body;
+  try {
+    const response = await fetch("/api/lag?window=" + WINDOW_S);
+    body = await response.json();
+    if (!response.ok) { showLagState(body.error, true); return; }
+  } catch (error) {
+    showLagState("the inspector does not answer", true);
+    return;
+  }
+  $("lag-group").textContent = "(group " + body.group + ", " + body.group_state + ")";
+  if (body.error) showLagState("cannot read the lag now: " + body.error + " (shown: the last sample; retrying)", true);
+  else if (body.at === null) showLagState("sampling…", false);
+  else showLagState("total lag " + body.total_lag + " · sampled " + when(body.at), false);
+  const now = body.at || Date.now();
+  $("lag").tBodies[0].replaceChildren(...body.partitions.map((p) => {
+    const tr = el("tr", { class: p.lag ? "behind" : "caught-up" },
+      el("td", {}, p.partition), el("td", {}, p.owner || "unassigned"),
+      el("td", {}, p.committed === null ? "none" : p.committed), el("td", {}, p.end),
+      el("td", { class: "lag" }, p.lag),
+      el("td", {}, sparkline(body.series[String(p.partition)] || [], now)));
+    tr.dataset.partition = String(p.partition);
+    tr.dataset.lag = String(p.lag);
+    return tr;
+  }));
+  $("members").tBodies[0].replaceChildren(...body.members.map((m) => {
+    const tr = el("tr", {}, el("td", {}, m.name), el("td", {}, m.partitions.join(", ")),
+      el("td", {}, m.client_id), el("td", {}, m.host), el("td", { class: "member-id" }, m.member_id));
+    tr.dataset.instance = m.name;
+    return tr;
+  }));
+}
+
+function showLagState(text, failed) {
+  $("lag-state").textContent = text;
+  $("lag-state").className = failed ? "error" : "";
+}
+
+function watchLag() {
+  if (lag.timer) return;
+  loadLag();
+  lag.timer = setInterval(loadLag, LAG_POLL_MS);
+}
+
 // --- one thread ---------------------------------------------------------------------------
 
 const view = { id: null, stream: null, pending: new Map(), summaryTimer: null, actionable: null };
@@ -306,6 +385,7 @@ function route() {
   $("list-view").hidden = false;
   openList();
   loadThreads();
+  watchLag();
 }
 
 function start() {
