@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.processors.test_processor import PARTITIONS, Deployment
@@ -172,3 +172,30 @@ def test_with_no_broker_the_sampler_says_so_logs_once_and_keeps_trying(
         watch.stop()
     warnings = [r for r in caplog.records if r.name == "torpor.inspector.lagwatch"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+class _FailsOnce(LagWatch):
+    """A sampler whose first sample raises what no Kafka client raises; later ones succeed."""
+
+    calls = 0
+
+    def _sample(self, admin: AdminClient, consumer: Consumer) -> LagView:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("an answer nobody expected")
+        return LagView("app", 1_000 * self.calls, (), (), "stable", None)
+
+
+def test_an_unexpected_error_is_shown_by_name_and_the_sampler_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="torpor.inspector.lagwatch")
+    watch = _FailsOnce(_settings("127.0.0.1:1", "test.lag.unexpected."), "app", every=0.05)
+    watch.start()
+    try:
+        view = wait_until(lambda: _sampled(watch), timeout=WAIT_S, message="a sample after the failure")
+        assert view.group_state == "stable" and watch.failures == 0 and watch.calls >= 2
+    finally:
+        watch.stop()
+    said = [r.getMessage() for r in caplog.records if r.name == "torpor.inspector.lagwatch"]
+    assert len(said) == 2 and "RuntimeError: an answer nobody expected" in said[0], said
+    assert "again" in said[1]

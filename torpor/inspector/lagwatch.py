@@ -132,7 +132,7 @@ class LagWatch:
                         LOG.info("the inspector's lag sampler reaches the broker again")
                     failing = False
                     self.failures = 0
-                except (TorporError, KafkaException, concurrent.futures.TimeoutError) as error:
+                except Exception as error:  # shown on the page; the sampler never dies of one sample
                     reason = _reason(error)
                     if not failing:  # once per outage, not every few seconds
                         LOG.warning("the inspector cannot read the processor's lag, retrying every "
@@ -181,12 +181,15 @@ class _Unavailable(TorporError):
     """What keeps a sample from being taken that is no Kafka error (no `inputs` yet)."""
 
 
-def _reason(error: BaseException) -> str:
+def _reason(error: Exception) -> str:
+    """One line for the page: what kept the sample from being taken (never a traceback)."""
     if isinstance(error, concurrent.futures.TimeoutError):
         return f"the broker did not answer within {CALL_SECONDS:.0f} s"
     if isinstance(error, KafkaException):
         return str(translate(error, operation="reading the processor's lag"))
-    return str(error)
+    if isinstance(error, TorporError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"  # unexpected: named, so it can be reported
 
 
 def _offsets(admin: AdminClient, tps: Sequence[TopicPartition], spec: OffsetSpec) -> dict[int, int]:
