@@ -115,6 +115,10 @@ def test_after_the_demo_the_page_shows_its_threads_approving_resumes_the_agent_a
                timeout=WAIT_S, message="the page's operator: the demo's, signed")
     wait_until(lambda: "live" in browser.find_element(By.ID, "feed").text, timeout=WAIT_S,
                message="the page's feed caught up")
+    # The lag panel watches the demo's processor (the demo names its group to the page): p0.
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '#members tr[data-instance="p0"]'),
+               timeout=WAIT_S, message="the demo's processor p0 among the instances")
+    assert f"group demo-{run_id.group(1)}" in browser.find_element(By.ID, "lag-group").text
     picture(browser, "ui-demo-threads.png")
 
     _click(lambda: (row := _row(browser, deployer)) and row.find_element(By.CSS_SELECTOR, "a.thread-link"),

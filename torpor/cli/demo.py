@@ -261,7 +261,8 @@ def _inspect(settings: Settings, run: Processes, reader: RecordReader, gateway: 
     if problems := await_until(run, reader, lambda: asked_approval(reader, thread_id),
                           "the deploying agent did not ask for an approval"):
         return problems
-    run.start("ui", "ui", "--port", str(port), "--operator", OPERATOR, "--signing-key-id", OPERATOR_KEY,
+    run.start("ui", "ui", "--port", str(port), "--app", f"demo-{run_id}",  # the processor's, for its lag
+              "--operator", OPERATOR, "--signing-key-id", OPERATOR_KEY,
               "--signing-key", str(run.root / f"{OPERATOR_KEY}.pem"), ends_by_sigterm=True)
     address: list[str] = []
 
