@@ -100,6 +100,14 @@ function sparkline(samples, now) {
   const line = document.createElementNS(SVG, "polyline");
   line.setAttribute("points", samples.map((s) => x(s[0]) + "," + y(s[1])).join(" "));
   svg.append(line);
+  if (samples.length) {  // the last sample as a dot: one sample alone draws no line
+    const [t, v] = samples[samples.length - 1];
+    const dot = document.createElementNS(SVG, "circle");
+    dot.setAttribute("cx", x(t));
+    dot.setAttribute("cy", y(v));
+    dot.setAttribute("r", "2");
+    svg.append(dot);
+  }
   const title = document.createElementNS(SVG, "title");
   title.textContent = samples.length + " samples over " + Math.round(span / 1000) + " s, highest lag " + peak;
   svg.append(title);
