@@ -5,7 +5,8 @@ the commit marker of the transaction they were sent in is not an input); a proce
 started afterwards drains them to 0, though each partition's end stays one past what it
 committed (the marker), and it shows as the group's one member, `p0`, owning every
 partition. Before `inputs` exists the sampler says so and resumes once it does; with no
-broker at all it says so, logs it once, and keeps trying.
+broker at all it says so, logs it once, and keeps trying; a broker of the test's own,
+stopped and restarted, is said once each way, and sampling resumes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
+from tests.faults.own_broker import OwnBroker
 from tests.processors.test_processor import PARTITIONS, Deployment
 from tests.waiting import wait_until
 from torpor.inspector.lagwatch import LagView, LagWatch
@@ -199,3 +201,34 @@ def test_an_unexpected_error_is_shown_by_name_and_the_sampler_goes_on(
     said = [r.getMessage() for r in caplog.records if r.name == "torpor.inspector.lagwatch"]
     assert len(said) == 2 and "RuntimeError: an answer nobody expected" in said[0], said
     assert "again" in said[1]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_broker_stopped_and_restarted_is_said_once_and_sampling_resumes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="torpor.inspector.lagwatch")
+    broker = OwnBroker.start(tmp_path / "broker")  # never the shared one: this test stops it
+    try:
+        settings = _settings(broker.bootstrap, f"test.lag.{uuid.uuid4().hex[:10]}.")
+        ensure_topics(AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 2}), settings,
+                      Deadline.after(60))
+        watch = LagWatch(settings, "app", every=EVERY_S)
+        watch.start()
+        try:
+            before = wait_until(lambda: _sampled(watch), timeout=WAIT_S, message="a sample before the stop")
+            broker.stop()
+            away = wait_until(lambda: (view := watch.view()).error and watch.failures >= 3 and view,
+                              timeout=WAIT_S, message="the sampler saying the broker is away")
+            assert away.partitions == before.partitions  # the last sample, still shown
+            broker.restart(topic=TopicNames.for_prefix(settings.topics.prefix).inputs)
+            again = wait_until(lambda: (view := _sampled(watch)) and view.at_ms != before.at_ms and view,
+                               timeout=WAIT_S, message="a new sample once the broker is back")
+            assert [p.partition for p in again.partitions] == list(range(PARTITIONS))
+        finally:
+            watch.stop()
+    finally:
+        broker.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "torpor.inspector.lagwatch"]
+    assert len(said) == 2, said  # once away, once back, however many samples failed
+    assert "cannot read" in said[0] and "again" in said[1]
