@@ -4,11 +4,14 @@ The list page shows a row per `inputs` partition (owner, committed, end, lag) wi
 inline SVG chart, and the processor instance `p0` owning them all. A thread the
 processor folds moves its partition's committed offset and leaves no lag. With the
 processor killed, a new thread's two inputs show as lag 2 on its partition, and its
-chart has the points of before and after. `TORPOR_UI_SCREENSHOTS=docs` saves the picture docs/ui.md shows.
+chart has the points of before and after. With no broker at all, the panel says so in
+one line and the server keeps serving. `TORPOR_UI_SCREENSHOTS=docs` saves the picture docs/ui.md shows.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +26,9 @@ from selenium.webdriver.remote.webelement import WebElement
 from tests.cli.rig import send
 from tests.inspector.chromium import chromium, picture
 from tests.inspector.rig import Inspected, inspected, ui_log
-from tests.processors.test_processor import PARTITIONS
+from tests.processors.test_processor import PARTITIONS, REPO, TORPOR
 from tests.waiting import wait_until
 from torpor.streams.partitioner import partition_for
-
-pytestmark = pytest.mark.kafka
 
 WAIT_S: Final = 120.0
 
@@ -63,10 +64,15 @@ def _committed(driver: WebDriver, partition: int) -> str | None:
     return rows[0].find_elements(By.TAG_NAME, "td")[2].text if rows else None
 
 
+def _state(driver: WebDriver) -> str:
+    return driver.find_element(By.ID, "lag-state").text
+
+
 def _found(driver: WebDriver, css: str) -> list[WebElement] | None:
     return driver.find_elements(By.CSS_SELECTOR, css) or None
 
 
+@pytest.mark.kafka
 def test_the_panel_shows_each_partition_its_owner_lag_and_chart_and_the_instance(
         ui: Inspected, browser: WebDriver) -> None:
     browser.get(ui.url)
@@ -100,3 +106,24 @@ def test_the_panel_shows_each_partition_its_owner_lag_and_chart_and_the_instance
     assert len(heights) >= 2, points  # at 0 before, above it now
     assert "total lag" in browser.find_element(By.ID, "lag-state").text
     picture(browser, "ui-lag.png")
+
+
+def test_with_no_broker_the_panel_says_so_in_one_line(browser: WebDriver, tmp_path: Path) -> None:
+    log = tmp_path / "ui.log"
+    with open(log, "wb") as out:
+        ui = subprocess.Popen([TORPOR, "ui", "--port", "0", "--bootstrap", "127.0.0.1:1", "--app", "app-x"],
+                              cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        found = wait_until(lambda: re.search(r"torpor ui: (http://\S+/)", log.read_text()), timeout=60,
+                           message="torpor ui's address")
+        browser.get(found.group(1))
+        state = wait_until(lambda: (text := _state(browser)).startswith("cannot") and text, timeout=WAIT_S,
+                           message=f"the panel's complaint; ui log:\n{log.read_text()}")
+        assert "\n" not in state and "Traceback" not in state
+        assert browser.find_element(By.ID, "lag-state").get_attribute("class") == "error"
+        assert "(group app-x" in browser.find_element(By.ID, "lag-group").text
+        assert _rows(browser) == []
+        assert ui.poll() is None  # still serving
+    finally:
+        ui.terminate()
+        ui.wait(timeout=60)
