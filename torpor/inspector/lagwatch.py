@@ -96,10 +96,6 @@ class LagWatch:
         self.history = LagHistory()
         self.failures = 0  # samples failed in a row (0 while sampling works)
 
-    @property
-    def group(self) -> str:
-        return self._group
-
     def start(self) -> None:
         self._thread.start()
 
