@@ -130,6 +130,12 @@ class LagWatch:
                     self.failures = 0
                 except Exception as error:  # shown on the page; the sampler never dies of one sample
                     reason = _reason(error)
+                    # A failed admin future keeps its exception, whose traceback holds the frames
+                    # that hold the future and the client: a cycle only the garbage collector frees,
+                    # and it may run on librdkafka's background thread (an admin callback), where
+                    # destroying a client aborts the process. Cut it: the client then goes when
+                    # this thread ends, on this thread.
+                    error.__traceback__ = None
                     if not failing:  # once per outage, not every few seconds
                         LOG.warning("the inspector cannot read the processor's lag, retrying every "
                                     "%.0f s: %s", self._every, reason)
