@@ -1,4 +1,5 @@
-"""One contract for every `Store`: MemoryStore, RocksStore, and an Overlay over each."""
+"""One contract for every `Store`: MemoryStore, RocksStore (with its default row cache, one
+that evicts at once, and none), and an Overlay over each."""
 
 from __future__ import annotations
 
@@ -6,22 +7,35 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from torpor.processors.fold.history import chain
+from torpor.processors.fold.state import GENESIS_HEAD
 from torpor.processors.store import keys
-from torpor.processors.store.kv import MemoryStore, Overlay, RocksStore, Store, StoreOffsets
+from torpor.processors.store.kv import Change, MemoryStore, Overlay, RocksStore, RowCache, Store, StoreOffsets
+from torpor.processors.store.statecodec import encode_entry
+from torpor.processors.store.tables import POINT_READS_UP_TO, _read_chained
+from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 
 StoreFactory = Callable[[], Store]
 
 
-@pytest.fixture(params=["memory", "rocks", "overlay-memory", "overlay-rocks"])
+# Row cache sizes: the default, one that holds about one row (evicts at every write), none.
+ROW_CACHES = {"rocks": None, "rocks-tiny-cache": 100, "rocks-no-cache": 0}
+
+
+@pytest.fixture(params=["memory", *ROW_CACHES, "overlay-memory", "overlay-rocks"])
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     opened: list[RocksStore] = []
 
     def make() -> Store:
         kind: str = request.param
         base: Store
-        if kind.endswith("rocks"):
-            rocks = RocksStore(tmp_path / f"db{len(opened)}")
+        if "rocks" in kind:
+            cache = ROW_CACHES.get(kind.removeprefix("overlay-"))
+            path = tmp_path / f"db{len(opened)}"
+            rocks = RocksStore(path) if cache is None else RocksStore(path, row_cache_bytes=cache)
             opened.append(rocks)
             base = rocks
         else:
@@ -128,3 +142,53 @@ def test_a_rocks_store_is_readable_by_its_owner_only(tmp_path: Path) -> None:
             assert path.stat().st_mode & 0o777 == 0o700, oct(path.stat().st_mode)
         finally:
             store.close()
+
+
+def test_a_row_cache_keeps_the_latest_writes_within_its_bytes() -> None:
+    cache = RowCache(3 * (64 + 2))  # three rows of a one-byte key and value
+    cache.remember([(b"a", b"1"), (b"b", b"2"), (b"c", None)])
+    assert (cache.lookup(b"a"), cache.lookup(b"c"), cache.lookup(b"z")) == ((True, b"1"), (True, None),
+                                                                            (False, None))
+    cache.remember([(b"a", b"3"), (b"d", b"4")])  # a rewritten row is the newest: b is the oldest
+    assert cache.lookup(b"b") == (False, None) and cache.lookup(b"a") == (True, b"3") and len(cache) == 3
+    cache.remember([(b"big", b"x" * 1000)])  # larger than the whole cache: nothing kept
+    assert len(cache) == 0
+    with pytest.raises(ValueError):
+        RowCache(-1)
+
+
+_KEYS = st.sampled_from([b"k%d" % i for i in range(6)])
+_BATCHES = st.lists(st.lists(st.tuples(_KEYS, st.none() | st.binary(max_size=40)), max_size=5), max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=_BATCHES, cache_bytes=st.sampled_from([0, 80, 200, 1 << 20]))
+def test_a_rocks_store_reads_what_a_memory_store_reads_whatever_its_row_cache_holds(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[Change]], cache_bytes: int
+) -> None:
+    rocks = RocksStore(tmp_path_factory.mktemp("db"), row_cache_bytes=cache_bytes)
+    model = MemoryStore()
+    try:
+        for batch in batches:
+            rocks.apply(batch)
+            model.apply(batch)
+            for key in sorted({k for k, _ in batch} | {b"k0"}):
+                assert rocks.get(key) == model.get(key)
+        assert list(rocks.iterate(b"k")) == list(model.iterate(b"k"))
+    finally:
+        rocks.close()
+
+
+@pytest.mark.parametrize("length", [0, 1, POINT_READS_UP_TO, POINT_READS_UP_TO + 1, 20])
+@pytest.mark.parametrize("gap", [None, 0, 3])
+def test_chained_reads_by_seq_and_by_scan_give_the_same_entries_and_head(
+    length: int, gap: int | None
+) -> None:
+    store = MemoryStore()
+    entries = [HistoryEntry(seq, 1, f"m{seq}", UserEntry((TextBlock(f"text {seq}"),), interrupt=False))
+               for seq in range(length)]
+    store.apply([(keys.history_key("t", e.seq), encode_entry(e)) for e in entries if e.seq != gap])
+    stored = [e for e in entries if e.seq != gap]
+    assert _read_chained(store, "t", 0, length, GENESIS_HEAD) == (tuple(stored), chain(tuple(stored)))
+    later = [e for e in stored if e.seq >= 2]
+    assert _read_chained(store, "t", 2, length, GENESIS_HEAD) == (tuple(later), chain(tuple(later)))

@@ -14,7 +14,8 @@ Implementations:
 - `MemoryStore`: a dict with a sorted key index. Local mode and tests; shipped, not a mock.
 - `RocksStore`: RocksDB through rocksdict, raw byte keys, one block cache shared by every
   store of the process (so N partitions do not cost N caches), WAL on, and `apply` as one
-  `WriteBatch` carrying the rows and the offsets the batch reaches.
+  `WriteBatch` carrying the rows and the offsets the batch reaches. The rows it wrote last
+  are also kept in a bounded `RowCache` in front of RocksDB, for the reads that follow.
 
 Both record `StoreOffsets` (the changelog offset and the input offset the store has
 reached) in metadata rows written in the same batch as the rows they describe, so a
@@ -161,6 +162,70 @@ def _block_cache() -> Cache:
     return _shared_cache
 
 
+ROW_CACHE_BYTES: Final = 8 << 20
+"""What a RocksStore's `RowCache` holds at most (keys and values): the rows of the threads
+that ran last, which the next input of each thread and the model stage read back."""
+
+_ROW_OVERHEAD: Final = 64  # bytes a cached row costs beyond its key and value (dict slot, objects)
+
+
+class RowCache:
+    """The rows one store wrote last, by key (None: deleted), oldest write evicted first.
+
+    Why: each input reads back rows the step wrote a checkpoint earlier (the thread's
+    state, its awaiting-model index row) and the model stage reads the state and the
+    history rows just appended; served from RocksDB, each read was a call into RocksDB
+    (the memtable, the bloom filters, the block cache) costing more than the fold's work
+    on it. Kept in write order, not read order: a thread's rows are rewritten at each
+    input, so the oldest write is the coldest row.
+
+    Only `remember` (called by the store's one writer, after its batch is written) fills
+    it; a read never does, so a reader on another thread (the model stage in Kafka mode)
+    cannot put back a value older than a write that overtook it. A reader sees either the
+    value before a batch or after it, as it would reading RocksDB. Dict operations only,
+    each atomic under the GIL. Bounded by bytes, not by threads: a fixed cost per process.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"a row cache needs capacity_bytes >= 0, not {capacity_bytes}")
+        self._capacity = capacity_bytes
+        self._rows: dict[bytes, bytes | None] = {}
+        self._bytes = 0
+
+    def lookup(self, key: bytes) -> tuple[bool, bytes | None]:
+        """(True, value or None for a deleted row) if the cache knows `key`, else (False, None)."""
+        value = self._rows.get(key, _UNKNOWN)
+        if value is _UNKNOWN:
+            return False, None
+        return True, value  # type: ignore[return-value]
+
+    def remember(self, changes: Sequence[Change]) -> None:
+        """Record `changes`, just written to the store, as the newest rows."""
+        if self._capacity == 0:
+            return
+        rows = self._rows
+        for key, value in changes:
+            old = rows.pop(key, _UNKNOWN)
+            if old is not _UNKNOWN:
+                self._bytes -= _row_bytes(key, old)  # type: ignore[arg-type]
+            rows[key] = value  # re-inserted last: evicted last
+            self._bytes += _row_bytes(key, value)
+        while self._bytes > self._capacity and rows:
+            oldest = next(iter(rows))
+            self._bytes -= _row_bytes(oldest, rows.pop(oldest))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+_UNKNOWN: Final = object()
+
+
+def _row_bytes(key: bytes, value: bytes | None) -> int:
+    return len(key) + (0 if value is None else len(value)) + _ROW_OVERHEAD
+
+
 class RocksStore:
     """A `Store` in a RocksDB directory (one per partition), through rocksdict in raw mode.
 
@@ -170,8 +235,11 @@ class RocksStore:
     restore replays the changelog from the offsets recorded here.
     """
 
-    def __init__(self, path: Path | str, *, sync: bool = False) -> None:
+    def __init__(
+        self, path: Path | str, *, sync: bool = False, row_cache_bytes: int = ROW_CACHE_BYTES
+    ) -> None:
         self.path = Path(path)
+        self._recent = RowCache(row_cache_bytes)
         # Histories are private: only the processor's own user may read the store (0700,
         # tightened if an older run made it wider).
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -194,6 +262,9 @@ class RocksStore:
         self._write_options.sync = sync
 
     def get(self, key: bytes) -> bytes | None:
+        known, cached = self._recent.lookup(key)
+        if known:
+            return cached
         value = self._db.get(key)
         assert value is None or isinstance(value, bytes)
         return value
@@ -221,6 +292,7 @@ class RocksStore:
             else:
                 batch.put(key, value)
         self._db.write(batch, self._write_options)
+        self._recent.remember(rows)  # only once written: a failed write leaves it as it was
 
     def offsets(self) -> StoreOffsets:
         return _decode_offsets(self)

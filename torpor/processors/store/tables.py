@@ -138,19 +138,44 @@ class _Cached:
     entries: tuple[HistoryEntry, ...]
 
 
+POINT_READS_UP_TO: Final = 8
+"""Entries read one `get` each rather than by a scan: what a turn appends to a cached history
+(one or two entries), which the step has just written, so each get is served by the store's
+row cache; a scan would open a RocksDB iterator for them. Longer stretches are scanned."""
+
+
 def _read_chained(
     store: Store, thread_id: str, from_seq: int, up_to_seq: int, head: str
 ) -> tuple[tuple[HistoryEntry, ...], str]:
     """The stored entries `from_seq <= seq < up_to_seq` and the chain head after them, from
-    `head`: each link hashes the row's own canonical bytes (`entry_canonical`), not a new encoding."""
+    `head`: each link hashes the row's own canonical bytes (`entry_canonical`), not a new encoding.
+    """
     entries: list[HistoryEntry] = []
-    start = keys.history_key(thread_id, from_seq)
-    for key, raw in store.iterate(keys.history_prefix(thread_id), start):
-        if keys.seq_of_history_key(key) >= up_to_seq:
-            break
+    if up_to_seq - from_seq <= POINT_READS_UP_TO:
+        rows: Iterator[bytes] = _rows_by_seq(store, thread_id, from_seq, up_to_seq)
+    else:
+        rows = _rows_by_scan(store, thread_id, from_seq, up_to_seq)
+    for raw in rows:
         entries.append(decode_entry(raw))
         head = advance_bytes(head, entry_canonical(raw))
     return tuple(entries), head
+
+
+def _rows_by_seq(store: Store, thread_id: str, from_seq: int, up_to_seq: int) -> Iterator[bytes]:
+    for seq in range(from_seq, up_to_seq):
+        raw = store.get(keys.history_key(thread_id, seq))
+        if raw is None:  # a gap (a store read mid-change): the rest exactly as a scan reads it
+            yield from _rows_by_scan(store, thread_id, seq, up_to_seq)
+            return
+        yield raw
+
+
+def _rows_by_scan(store: Store, thread_id: str, from_seq: int, up_to_seq: int) -> Iterator[bytes]:
+    start = keys.history_key(thread_id, from_seq)
+    for key, raw in store.iterate(keys.history_prefix(thread_id), start):
+        if keys.seq_of_history_key(key) >= up_to_seq:
+            return
+        yield raw
 
 
 class HistoryCache:
