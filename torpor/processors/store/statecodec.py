@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import itertools
 import json
 import operator
 import types
@@ -256,17 +257,24 @@ def _parts(value: object, earlier: tuple[_Values, _Parts] | None) -> tuple[_Valu
     one before it (`Draft` copies references) re-encodes only the fields its input changed."""
     cls: type = type(value)
     values: _Values = _values_of(cls)(value)
-    previous, pieces = earlier if earlier is not None else ((), ())
-    parts = []
-    for index, (_, prefix, to, composite) in enumerate(_text_plan(cls)):
-        field_value = values[index]
-        if previous and previous[index] is field_value:
-            parts.append(pieces[index])
-        elif composite and field_value is not None:
-            parts.append(prefix + _composite_text(field_value, to))
-        else:
-            parts.append(prefix + _scalar_text(to(field_value)))
+    plan = _text_plan(cls)
+    if earlier is None:
+        return values, tuple(_piece(step, field) for step, field in zip(plan, values, strict=True))
+    previous, pieces = earlier
+    parts = list(pieces)
+    # The fields holding another object than `earlier`'s, found by one C-level pass (an
+    # input changes a handful of a state's 25 fields): only those are written again.
+    for index in itertools.compress(range(len(values)), map(operator.is_not, values, previous)):
+        parts[index] = _piece(plan[index], values[index])
     return values, tuple(parts)
+
+
+def _piece(step: tuple[str, str, _Convert, bool], field_value: object) -> str:
+    """One field's `"name":text` piece (`step`: its `_text_plan` entry)."""
+    _, prefix, to, composite = step
+    if composite and field_value is not None:
+        return prefix + _composite_text(field_value, to)
+    return prefix + _scalar_text(to(field_value))
 
 
 def _joined(parts: _Parts) -> bytes:
