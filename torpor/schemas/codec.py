@@ -45,7 +45,7 @@ import functools
 import io
 import json
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Final, TypeVar
@@ -53,6 +53,7 @@ from typing import Final, TypeVar
 import fastavro
 
 from torpor.schemas import framing
+from torpor.schemas.avrowriter import NotWritable, record_writer
 from torpor.schemas.convert import NAMESPACE, RecordPlan, plan_for
 from torpor.schemas.errors import ContractError, DecodeError, SchemaMismatchError
 from torpor.schemas.registry import SchemaRegistry
@@ -263,6 +264,9 @@ class _ClassCodec:
     plan: RecordPlan
     schema: KnownSchema
     single_object_header: bytes
+    # The record's bytes written straight from the dataclass (`avrowriter`), or None where
+    # the schema is outside what it writes: then fastavro writes every record of the class.
+    direct: Callable[[object], bytes] | None = None
 
 
 class Codec:
@@ -318,13 +322,23 @@ class Codec:
                     f"{cls.__module__}.{cls.__qualname__} fields {class_fields} do not match "
                     f"schema {known.name} fields {schema_fields}"
                 )
-            found = _ClassCodec(plan, known, framing.single_object_header(known.fingerprint))
+            try:
+                direct: Callable[[object], bytes] | None = record_writer(known.parsed)
+            except NotWritable:
+                direct = None
+            found = _ClassCodec(plan, known, framing.single_object_header(known.fingerprint), direct)
             # A race computes an equal value twice; keeping either is harmless.
             self._classes[cls] = found
         return found
 
     def _write_body(self, record: object, out: io.BytesIO) -> None:
         codec = self._class(type(record))
+        if codec.direct is not None:
+            try:
+                out.write(codec.direct(record))
+                return
+            except Exception:  # not written directly: fastavro writes it, or raises its error
+                pass
         try:
             fastavro.schemaless_writer(out, codec.schema.parsed, codec.plan.to_avro(record))
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
