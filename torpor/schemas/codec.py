@@ -349,6 +349,12 @@ class Codec:
 
         Raises `ContractError` if `record` has no schema or does not fit it.
         """
+        direct = self._class(type(record)).direct
+        if direct is not None:
+            try:
+                return direct(record)
+            except Exception:  # not written directly: `_write_body` has fastavro write it
+                pass
         out = io.BytesIO()
         self._write_body(record, out)
         return out.getvalue()
