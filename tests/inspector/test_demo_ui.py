@@ -113,8 +113,12 @@ def test_after_the_demo_the_page_shows_its_threads_approving_resumes_the_agent_a
                message="the demo's two threads in the list")
     wait_until(lambda: browser.find_element(By.ID, "whoami").text.startswith("operator:demo (signed)"),
                timeout=WAIT_S, message="the page's operator: the demo's, signed")
-    wait_until(lambda: "live" in browser.find_element(By.ID, "feed").text, timeout=WAIT_S,
-               message="the page's feed caught up")
+    try:
+        wait_until(lambda: "live" in browser.find_element(By.ID, "feed").text, timeout=WAIT_S,
+                   message="the page's feed caught up")
+    except AssertionError as late:  # say what the page said instead, and what the demo logged
+        raise AssertionError(f"{late}; the page's feed line: {browser.find_element(By.ID, 'feed').text!r}; "
+                             f"demo output:\n{demo.tail()}") from None
     # The lag panel watches the demo's processor (the demo names its group to the page): p0.
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '#members tr[data-instance="p0"]'),
                timeout=WAIT_S, message="the demo's processor p0 among the instances")
