@@ -1,0 +1,74 @@
+"""Attacks on forks through `step` under a key ring (review of issue 20's fork, helper-21).
+
+Each test is one attempt to get more out of a fork than the operator asked for, or to
+make one fork control cost the processor more than one bounded receipt: what the
+processor's own loopback becomes once it is signed and reaches the new thread's door,
+how much of a huge source history a refused fork reads, forks of forks, of children and
+of threads with pending work.
+"""
+
+from __future__ import annotations
+
+from tests.processors.authority_rig import KEYS, Rig
+from tests.processors.fold_scenarios import config, create, user
+from torpor.processors.admission import Refused, admit
+from torpor.schemas import signing
+from torpor.schemas.codec import default_codec, encode_value
+from torpor.schemas.records import Control, Input
+from torpor.streams.config import MAX_INPUT_BYTES_CEILING
+
+OPERATOR = "operator:ops"
+
+
+def fork(at_seq: int | None, new_id: str | None = "fork-1", model: str | None = None) -> Control:
+    return Control(command="fork", call_id=None, model=model, reason=None, new_thread_id=new_id,
+                   at_seq=at_seq)
+
+
+def _signed_on_the_wire(loopback: Input) -> bytes:
+    """The bytes the processor produces for `loopback`: signed with its key, then framed."""
+    return encode_value(signing.sign(loopback, "proc-1", KEYS["proc-1"]))
+
+
+def _talked(fill: int) -> Rig:
+    """`t`: #0 user "a" * 120,000, #1 the answer, #2 user "b" * `fill`."""
+    rig = Rig()
+    assert rig.send(create(config(), initial="a" * 120_000), "user:alice").disposition == "applied"
+    assert rig.complete("ok").disposition == "applied"
+    assert rig.send(user("b" * fill), "user:alice").disposition == "applied"
+    return rig
+
+
+def _fill_for(target: int) -> int:
+    """The `fill` whose fork at entry 2 makes a creation of `target` bytes before signing (the
+    size grows byte for byte with the text: measured once, on a fork well under the ceiling)."""
+    rig = _talked(120_000)
+    assert rig.send(fork(2), OPERATOR).disposition == "applied"
+    [made] = rig.loopbacks
+    return 120_000 + target - len(encode_value(made))
+
+
+def test_a_fork_applied_on_its_source_is_never_parked_at_the_new_thread_s_door() -> None:
+    """A fork control is either refused whole on the source (`rejected:too_large`) or its
+    creation, signed by the processor as it goes out, is admitted on the new thread: an
+    `applied` fork whose creation the door then parks as oversized leaves the operator a
+    fork that was accepted and never made."""
+    made_one = False
+    for below in (0, 1, 8, 64, 200, 400):
+        rig = _talked(_fill_for(MAX_INPUT_BYTES_CEILING - below))
+        receipt = rig.send(fork(2), OPERATOR)
+        if receipt.disposition == "rejected:too_large":
+            assert rig.loopbacks == []
+            continue
+        assert receipt.disposition == "applied", receipt
+        [made] = rig.loopbacks
+        assert len(encode_value(made)) == MAX_INPUT_BYTES_CEILING - below
+        wire = _signed_on_the_wire(made)
+        admitted = admit(default_codec(), "inputs", wire, 0, 0, MAX_INPUT_BYTES_CEILING)
+        assert not isinstance(admitted, Refused), (
+            f"fork applied {below} bytes under the ceiling unsigned; {len(wire)} bytes signed: "
+            f"{admitted.error}")
+        [created] = rig.deliver_loopbacks()
+        assert created.disposition == "applied", created
+        made_one = True
+    assert made_one, "a fork a few hundred bytes under the ceiling is made"
