@@ -35,9 +35,10 @@ because of one input, so no input can stop a partition or its processor.
 Size. No input may make a record Kafka refuses (that would fail the checkpoint and stop
 the partition). An input whose fold would write a row over `ROW_MAX_BYTES`, grow a
 thread holding inputs past `STATE_HOLD_MAX_BYTES`, or send an input over
-`MAX_INPUT_BYTES_CEILING` is refused whole: its writes are dropped and its one receipt is
-`rejected:too_large` with the record it would have made (before any of this, the
-runtimes park inputs too large to decode: `admission`). A child's inherited history is
+`MAX_INPUT_BYTES_CEILING` once the processor signs it (`SIGNATURE_ROOM`) is refused
+whole: its writes are dropped and its one receipt is `rejected:too_large` with the record
+it would have made (before any of this, the runtimes park inputs too large to decode:
+`admission`). A child's inherited history is
 cut to its most recent entries that fit one input (`_creation`); a fork's never is (a
 `fork` control whose entries do not fit one input is refused whole, `_fork_creation`). The bounds are
 constants, not settings, so a replay refuses exactly what the live run refused.
@@ -102,6 +103,13 @@ TOO_LARGE: Final = rejected("too_large")
 # inherited entry for what its encoding in a CreateThread adds to its row.
 CREATION_MARGIN: Final = 16_384
 ENTRY_MARGIN: Final = 16
+
+SIGNATURE_ROOM: Final = 256
+"""Bytes a loopback may grow by after `step` bounds it: the processor signs it as it goes
+out (a 64-byte signature and a key id of at most 128 characters, with their Avro lengths:
+196 bytes), and the new thread's door refuses it over `MAX_INPUT_BYTES_CEILING` signed. A
+fork's creation is the one loopback that can come that close (a child's is cut with
+`CREATION_MARGIN`, a completion with the model stage's margin)."""
 
 MAX_ATTEMPTS: Final = 3
 """Tries per input before its thread is parked: a pure fold that raised once will raise
@@ -341,9 +349,10 @@ def _size_problem(rows: Overlay, thread_id: str, out: _Collected) -> str | None:
                     f"{len(state)} bytes, more than {STATE_HOLD_MAX_BYTES}; send it when the thread runs")
     for loopback in out.loopbacks:
         size = len(encode_value(loopback))
-        if size > MAX_INPUT_BYTES_CEILING:
-            return (f"folding it would send thread {loopback.thread_id!r} an input of {size} bytes, "
-                    f"more than {MAX_INPUT_BYTES_CEILING}")
+        if size + SIGNATURE_ROOM > MAX_INPUT_BYTES_CEILING:
+            return (f"folding it would send thread {loopback.thread_id!r} an input of {size} bytes "
+                    f"before the processor signs it ({SIGNATURE_ROOM} kept for that), more than "
+                    f"{MAX_INPUT_BYTES_CEILING}")
     return None
 
 
