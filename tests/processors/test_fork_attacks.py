@@ -9,9 +9,13 @@ of threads with pending work.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from tests.processors.authority_rig import KEYS, Rig
 from tests.processors.fold_scenarios import config, create, user
 from torpor.processors.admission import Refused, admit
+from torpor.processors.store import keys
+from torpor.processors.store.kv import MemoryStore
 from torpor.schemas import signing
 from torpor.schemas.codec import default_codec, encode_value
 from torpor.schemas.records import Control, Input
@@ -72,3 +76,43 @@ def test_a_fork_applied_on_its_source_is_never_parked_at_the_new_thread_s_door()
         assert created.disposition == "applied", created
         made_one = True
     assert made_one, "a fork a few hundred bytes under the ceiling is made"
+
+
+class _CountingStore(MemoryStore):
+    """A `MemoryStore` that counts the history bytes of thread `t` anyone iterates over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history_bytes_read = 0
+
+    def iterate(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in super().iterate(prefix, start):
+            if key.startswith(keys.history_prefix("t")):
+                self.history_bytes_read += len(value)
+            yield key, value
+
+
+def test_a_fork_of_a_history_many_times_one_input_reads_about_one_input_of_it() -> None:
+    """A fork whose prefix cannot fit one input is refused (`rejected:too_large`); deciding
+    that must not read the whole prefix into memory. A long-lived thread's history has no
+    bound (gigabytes, over months), and a process that runs out of memory on a `fork`
+    control meets the same control again after its restart: one record would stop the
+    partition for good."""
+    store = _CountingStore()
+    rig = Rig(store=store)
+    assert rig.send(create(config(), initial="x"), "user:alice").disposition == "applied"
+    assert rig.complete("ok").disposition == "applied"
+    for n in range(26):
+        assert rig.send(user(f"{n % 10}" * 50_000), "user:alice").disposition == "applied"
+        assert rig.complete("ok").disposition == "applied"
+    before = rig.state()
+    assert before is not None
+    total = sum(len(raw) for _, raw in MemoryStore.iterate(store, keys.history_prefix("t")))
+    assert total > 4 * MAX_INPUT_BYTES_CEILING
+    store.history_bytes_read = 0
+    receipt = rig.send(fork(before.history_len - 1), OPERATOR)
+    assert receipt.disposition == "rejected:too_large", receipt
+    assert receipt.reason is not None and f"{MAX_INPUT_BYTES_CEILING}" in receipt.reason
+    assert rig.loopbacks == [] and rig.state() == before
+    assert store.history_bytes_read <= 2 * MAX_INPUT_BYTES_CEILING, (
+        f"{store.history_bytes_read} bytes of history read to refuse a fork, of {total}")
