@@ -77,7 +77,13 @@ from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
 from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state
-from torpor.processors.store.tables import is_seen_in, load_state, read_entries, visible_entries, with_sender
+from torpor.processors.store.tables import (
+    is_seen_in,
+    load_state,
+    read_prefix_within,
+    visible_entries,
+    with_sender,
+)
 from torpor.schemas.codec import encode_value
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
@@ -171,6 +177,7 @@ class _Collected:
     receipts: list[Receipt] = dataclasses.field(default_factory=list)
     completions: list[RequestCompletion] = dataclasses.field(default_factory=list)
     parked: list[ParkedInput] = dataclasses.field(default_factory=list)
+    too_large: str | None = None  # an effect that cannot fit one record: the input is refused whole
 
 
 def step(
@@ -339,6 +346,8 @@ def _where(record: StepRecord) -> dict[str, object]:
 
 def _size_problem(rows: Overlay, thread_id: str, out: _Collected) -> str | None:
     """Why this input's writes and records are too large for Kafka (module docstring), or None."""
+    if out.too_large is not None:
+        return out.too_large
     for _, value in rows.changes():
         if value is not None and len(value) > ROW_MAX_BYTES:
             return f"folding it would write a row of {len(value)} bytes, more than {ROW_MAX_BYTES}"
@@ -394,7 +403,11 @@ def _interpret(
             case SpawnChild():
                 out.loopbacks.append(_creation(rows, thread_id, effect))
             case ForkThread():
-                out.loopbacks.append(_fork_creation(rows, thread_id, effect))
+                made = _fork_creation(rows, thread_id, effect)
+                if isinstance(made, str):
+                    out.too_large = made
+                else:
+                    out.loopbacks.append(made)
             case Loopback(input=loopback):
                 out.loopbacks.append(loopback)
             case DispatchTool(dispatch=dispatch):
@@ -464,12 +477,19 @@ def _creation(rows: Overlay, thread_id: str, spawn: SpawnChild) -> Input:
     )
 
 
-def _fork_creation(rows: Overlay, thread_id: str, fork: ForkThread) -> Input:
-    """The fork's `CreateThread`, carrying the source's entries `0..at_seq` whole and unchanged.
+def _fork_creation(rows: Overlay, thread_id: str, fork: ForkThread) -> Input | str:
+    """The fork's `CreateThread`, carrying the source's entries `0..at_seq` whole and unchanged,
+    or why it cannot (the entries alone pass one input: the control is refused whole).
 
     Never cut, unlike a child's: a fork's history is the source's prefix or nothing, so one
-    that does not fit an input is refused whole by `_size_problem` (`rejected:too_large`)."""
-    entries = tuple(read_entries(rows, thread_id, 0, fork.origin.at_seq + 1))
+    that does not fit an input is refused whole by `_size_problem` (`rejected:too_large`).
+    The prefix is read only until it passes one input's bytes: a long thread's history may
+    be gigabytes, and holding it in memory to refuse it could end the process."""
+    last = fork.origin.at_seq
+    entries = read_prefix_within(rows, thread_id, last + 1, MAX_INPUT_BYTES_CEILING)
+    if entries is None:
+        return (f"forking it would send thread {fork.new_thread_id!r} its entries 0 to {last}, "
+                f"more than {MAX_INPUT_BYTES_CEILING} bytes (the most one input may have)")
     return Input(
         message_id=fork.message_id,
         thread_id=fork.new_thread_id,

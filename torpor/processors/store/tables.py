@@ -79,6 +79,25 @@ def read_entries(
         yield decode_entry(raw)
 
 
+def read_prefix_within(
+    store: Store, thread_id: str, up_to_seq: int, budget: int
+) -> tuple[HistoryEntry, ...] | None:
+    """Entries `0 <= seq < up_to_seq`, or None as soon as their encodings pass `budget` bytes.
+
+    Reads at most about `budget` bytes of history whatever the prefix holds: a caller
+    that can only use a prefix that fits (a fork's creation, one input) learns that it
+    does not without holding a history that may be gigabytes in memory."""
+    entries: list[HistoryEntry] = []
+    for key, raw in store.iterate(keys.history_prefix(thread_id), keys.history_key(thread_id, 0)):
+        if keys.seq_of_history_key(key) >= up_to_seq:
+            break
+        budget -= len(entry_canonical(raw))
+        if budget < 0:
+            return None
+        entries.append(decode_entry(raw))
+    return tuple(entries)
+
+
 def read_entry(store: Store, thread_id: str, seq: int) -> HistoryEntry | None:
     raw = store.get(keys.history_key(thread_id, seq))
     return None if raw is None else decode_entry(raw)
