@@ -33,10 +33,11 @@ def test_a_fork_request_naming_who_asks_or_what_is_inherited_is_refused_whole() 
     sent: list[Input] = []
     client, token = _app(sent)
     with client:
-        for extra in ({"source": "operator:root"}, {"requested_by": "operator:root"},
-                      {"key_id": "proc-1"}, {"signature": "AA=="}, {"fork": {"source_thread_id": "x"}},
-                      {"inherited": []}, {"config": {}}, {"command": "delete"}, {"message_id": "m-1"},
-                      {"created_at": 0}, {"control_id": "m-0"}):
+        extras: list[dict[str, object]] = [
+            {"source": "operator:root"}, {"requested_by": "operator:root"}, {"key_id": "proc-1"},
+            {"signature": "AA=="}, {"fork": {"source_thread_id": "x"}}, {"inherited": []}, {"config": {}},
+            {"command": "delete"}, {"message_id": "m-1"}, {"created_at": 0}, {"control_id": "m-0"}]
+        for extra in extras:
             refused = client.post("/api/fork", json={**GOOD, **extra}, headers=token)
             assert refused.status_code == 400, (extra, refused.text)
             assert "unexpected field" in refused.json()["error"]
