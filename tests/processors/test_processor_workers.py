@@ -133,7 +133,7 @@ def test_workers_get_the_given_options_but_their_own_instance_stores_and_metrics
     assert shared == ["--until-idle", "--script", str(script), "--connector", "a:A", "--connector", "b:B"]
     commands = worker_commands(ctx, 3, "p", tmp_path / "s", 9100)
     tails = [command[command.index("processor") + 1 + len(shared):] for command in commands]
-    assert tails == [["--instance", f"p-w{k}", "--store-dir", str(tmp_path / "s" / f"w{k}"),
+    assert tails == [["--workers", "1", "--instance", f"p-w{k}", "--store-dir", str(tmp_path / "s" / f"w{k}"),
                       "--metrics-port", str(9100 + k)] for k in range(3)]
     # 0 asks every worker for a free port of its own.
     assert all(c[-1] == "0" for c in worker_commands(ctx, 3, "p", tmp_path / "s", 0))

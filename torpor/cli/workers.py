@@ -9,8 +9,9 @@ exactly-once and restore are the single instance's.
 
 The supervisor is small on purpose: it starts the N children with the command line it
 was given (but `--workers`, `--instance`, `--store-dir` and `--metrics-port`, which differ
-per child), passes SIGTERM/SIGINT on, and when one child ends with a non-zero status it
-stops the others and ends with that status: restarting is the job of whatever runs
+per child: each is told `--workers 1`, over a TORPOR_PROCESSOR_WORKERS it inherits),
+passes SIGTERM/SIGINT on, and when one child ends with a non-zero status it stops the
+others and ends with that status: restarting is the job of whatever runs
 the command (systemd, Kubernetes), which then restarts all N with their same names.
 """
 
@@ -74,7 +75,10 @@ def worker_commands(ctx: click.Context, workers: int, instance: str, store_dir: 
     shared = given_options(ctx)
     commands = []
     for index in range(workers):
-        own = ["--instance", worker_name(instance, index), "--store-dir", str(store_dir / f"w{index}")]
+        # `--workers 1` said, not left out: a worker inherits the environment, and
+        # TORPOR_PROCESSOR_WORKERS there would make it a supervisor of workers of its own.
+        own = ["--workers", "1", "--instance", worker_name(instance, index),
+               "--store-dir", str(store_dir / f"w{index}")]
         if metrics_port is not None:
             # 0 asks each child for a free port (each prints its own); else consecutive ports.
             own += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
