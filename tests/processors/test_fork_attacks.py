@@ -11,14 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tests.processors.authority_rig import KEYS, Rig
-from tests.processors.fold_scenarios import config, create, user
+from tests.processors.authority_rig import KEYS, RING, Rig, _key, _raw
+from tests.processors.fold_scenarios import call, config, create, user
 from torpor.processors.admission import Refused, admit
+from torpor.processors.step import StepRecord
 from torpor.processors.store import keys
 from torpor.processors.store.kv import MemoryStore
 from torpor.schemas import signing
 from torpor.schemas.codec import default_codec, encode_value
-from torpor.schemas.records import Control, Input
+from torpor.schemas.keyring import KeyRing, KeyVersion
+from torpor.schemas.records import (
+    ApprovalDecision,
+    ApprovalRequest,
+    Control,
+    Dispatch,
+    Input,
+    TextBlock,
+    ToolResult,
+    ToolResultEntry,
+)
 from torpor.streams.config import MAX_INPUT_BYTES_CEILING
 
 OPERATOR = "operator:ops"
@@ -116,3 +127,86 @@ def test_a_fork_of_a_history_many_times_one_input_reads_about_one_input_of_it() 
     assert rig.loopbacks == [] and rig.state() == before
     assert store.history_bytes_read <= 2 * MAX_INPUT_BYTES_CEILING, (
         f"{store.history_bytes_read} bytes of history read to refuse a fork, of {total}")
+
+
+def _busy_source(rig: Rig) -> Dispatch:
+    """`t` (tenant acme) with a call to search pending under an approval, and a child."""
+    assert rig.send(create(config()), "user:alice").disposition == "applied"
+    calls = (call("c1", "search", {"q": "x"}), call("s1", "spawn_thread", {"instructions": "dig"}))
+    assert rig.complete("looking", calls).disposition == "applied"
+    [dispatch] = [d for d in rig.dispatches if d.kind == "invoke"]
+    asked = ApprovalRequest(approval_id="a1", call_id="c1", request_id=dispatch.request_id, prompt="ok?",
+                            choices=("yes", "no"), default_choice=None, expires_at=None)
+    assert rig.send(asked, "connector:tools").disposition == "applied"
+    return dispatch
+
+
+def test_a_fork_of_a_thread_with_pending_work_inherits_its_words_not_its_authority() -> None:
+    """The source has a call pending under an approval and a child. The fork has its
+    entries, and none of that: the approval cannot be decided there, the call's real
+    result cannot land there, and it is a root thread with the source's grant, no more."""
+    rig = Rig()
+    dispatch = _busy_source(rig)
+    source = rig.state()
+    assert source is not None and source.approvals and source.children and source.pending_calls
+    rig.loopbacks.clear()  # the child's creation: not this test's
+    assert rig.send(fork(source.history_len - 1), OPERATOR).disposition == "applied"
+    [created] = rig.deliver_loopbacks()
+    assert created.disposition == "applied", created
+    made = rig.state("fork-1")
+    assert made is not None
+    assert (made.pending_calls, made.approvals, made.children, made.subscriptions, made.deferred) == (
+        (), (), (), (), ())
+    assert made.config.parent is None and made.config.capability == source.config.capability
+    opened = [b for b in rig.history("fork-1") if isinstance(b, ToolResultEntry) and b.call_id == "c1"]
+    assert [b.origin for b in opened] == ["builtin"]  # answered as forked, not by the tool
+    before = rig.dispatches[:]
+    decision = ApprovalDecision(approval_id="a1", choice="yes", decided_by="operator:ops")
+    assert rig.send(decision, OPERATOR, thread="fork-1").disposition == "rejected:unknown_approval"
+    answer = ToolResult(call_id="c1", request_id=dispatch.request_id, ok=True, content=(TextBlock("42"),),
+                        subscription=False)
+    assert rig.send(answer, "connector:tools", thread="fork-1").disposition == "stale"
+    assert rig.dispatches == before and rig.state("fork-1") == made
+    assert rig.state() == source  # the source is untouched: its approval still waits there
+
+
+def test_an_operator_key_of_another_tenant_cannot_fork_a_thread() -> None:
+    """Operator keys may be scoped to tenants; a fork copies a thread's grant into a new
+    thread, so it is judged like any control on the source: by the source's tenant."""
+    globex_ops = _key(20)
+    ring = KeyRing((*RING.entries, KeyVersion("ops-globex", _raw(globex_ops), sources=("operator:*",),
+                                               tenants=("globex",))))
+    rig = Rig(ring=ring)
+    _talked_small(rig)
+    before = rig.state()
+    record = signing.sign(rig.envelope(fork(1), "operator:globex-ops"), "ops-globex", globex_ops)
+    [receipt] = rig.fold(StepRecord(record, appended_at=rig.clock)).receipts
+    assert (receipt.disposition, receipt.reason) == ("rejected:forged", "key_not_allowed_for_tenant")
+    assert rig.loopbacks == [] and rig.state() == before and rig.state("fork-1") is None
+
+
+def _talked_small(rig: Rig) -> None:
+    assert rig.send(create(config()), "user:alice").disposition == "applied"
+    assert rig.complete("first answer").disposition == "applied"
+
+
+def test_a_fork_of_a_fork_of_a_child_is_a_root_thread_with_the_child_s_grant() -> None:
+    rig = Rig()
+    _busy_source(rig)
+    [child_creation] = rig.loopbacks
+    assert rig.deliver_loopbacks()[0].disposition == "applied"
+    child_id = child_creation.thread_id
+    child = rig.state(child_id)
+    assert child is not None and child.config.parent is not None
+    assert rig.send(fork(0, "fork-of-child"), OPERATOR, thread=child_id).disposition == "applied"
+    assert rig.deliver_loopbacks()[0].disposition == "applied"
+    assert rig.send(fork(0, "fork-of-fork"), OPERATOR, thread="fork-of-child").disposition == "applied"
+    assert rig.deliver_loopbacks()[0].disposition == "applied"
+    for thread in ("fork-of-child", "fork-of-fork"):
+        made = rig.state(thread)
+        assert made is not None and made.config.parent is None
+        assert made.config.capability == child.config.capability
+    # A fork may not take a derived id (a child's): refused on the source, nothing made.
+    assert rig.send(fork(0, child_id), OPERATOR).disposition == "rejected:invalid_fork_id"
+    assert rig.send(fork(0, "tp_" + "0" * 32), OPERATOR).disposition == "rejected:invalid_fork_id"
+    assert rig.loopbacks == []
