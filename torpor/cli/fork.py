@@ -3,7 +3,8 @@
 The new thread's history is THREAD's entries 0 to SEQ (inclusive, as `torpor history`
 numbers them), then it goes on: it asks the model if the last kept entry is input the
 model has not answered, else it waits for the next input (`torpor send NEW_ID ...`).
-`--model` gives the fork another model; `--as` names it (default `<thread>-fork-<8 hex>`).
+`--model` gives the fork another model; `--as` names it (default `<thread>-fork-<8 hex>`,
+derived from `--message-id` when there is one, so a retry names the same fork).
 
 It is an operator's `fork` control on THREAD (`docs/wire-contract.md`): the processor of
 THREAD's partition checks it and produces the fork's `CreateThread` to the new thread's
@@ -31,6 +32,7 @@ from torpor.cli.send import envelope, produce_inputs
 from torpor.cli.settings import read_settings, settings_options
 from torpor.cli.signing import signer_for, signing_options, wire_id
 from torpor.schemas.errors import TorporError
+from torpor.schemas.ids import PREFIX as DERIVED_PREFIX
 from torpor.schemas.ids import derive_id, fork_creation_id, fork_thread_id
 from torpor.schemas.records import APPLIED, DUPLICATE, Control, Input, Receipt
 from torpor.streams.config import Settings
@@ -60,7 +62,10 @@ def fork(thread: str, at_seq: int, new_id: str | None, model: str | None, reason
     """Fork THREAD at entry SEQ into a new thread (optionally with another model)."""
     if model is not None and not model.strip():
         raise click.UsageError("--model is empty: leave it out to keep the thread's model")
-    new_id = new_id or fork_thread_id(thread, uuid.uuid4().hex)
+    # With --message-id, the default new id derives from it: a retry (a duplicate the
+    # processor absorbs) names the fork the first try made, not a random one never made.
+    nonce = derive_id(message_id, "fork new id")[len(DERIVED_PREFIX):] if message_id else uuid.uuid4().hex
+    new_id = new_id or fork_thread_id(thread, nonce)
     if new_id == thread:
         raise click.UsageError("--as names the thread being forked: a fork needs a new id")
     signer = signer_for(signing_key_id, signing_key)
