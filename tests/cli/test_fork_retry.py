@@ -44,8 +44,9 @@ def _sent(kafka_bootstrap: str, topic: str, count: int) -> list[Input]:
     try:
         def read() -> bool:
             message = consumer.poll(1.0)
-            if message is not None and message.error() is None and message.value() is not None:
-                found.append(decode_value(message.value(), Input))
+            value = message.value() if message is not None and message.error() is None else None
+            if value is not None:
+                found.append(decode_value(value, Input))
             return len(found) >= count
         wait_until(read, timeout=60, message=f"{count} records on {topic}")
     finally:
