@@ -210,3 +210,21 @@ def test_a_fork_of_a_fork_of_a_child_is_a_root_thread_with_the_child_s_grant() -
     assert rig.send(fork(0, child_id), OPERATOR).disposition == "rejected:invalid_fork_id"
     assert rig.send(fork(0, "tp_" + "0" * 32), OPERATOR).disposition == "rejected:invalid_fork_id"
     assert rig.loopbacks == []
+
+
+def test_a_fork_cannot_talk_to_the_children_of_its_source() -> None:
+    """The fork's history names the source's child (its spawn call and answer), but the
+    child is the source's: a message from the fork's model to it is refused, nothing sent."""
+    rig = Rig()
+    _busy_source(rig)
+    [child_creation] = rig.loopbacks
+    rig.deliver_loopbacks()
+    source = rig.state()
+    assert source is not None
+    assert rig.send(fork(source.history_len - 1), OPERATOR).disposition == "applied"
+    rig.deliver_loopbacks()
+    speak = call("m1", "send_message_to_child", {"thread_id": child_creation.thread_id, "text": "psst"})
+    assert rig.complete("", (speak,), thread="fork-1").disposition == "applied"
+    assert [lb for lb in rig.loopbacks if lb.thread_id == child_creation.thread_id] == []
+    [answer] = [b for b in rig.history("fork-1") if isinstance(b, ToolResultEntry) and b.call_id == "m1"]
+    assert not answer.ok
