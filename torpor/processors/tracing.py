@@ -36,6 +36,7 @@ from torpor.processors.models.provider import (
     ModelProvider,
 )
 from torpor.processors.step import StepOutput
+from torpor.schemas.ids import MAX_ID_LENGTH
 from torpor.schemas.records import APPLIED, DEFERRED, DUPLICATE, Input, ThreadEvent
 from torpor.streams.task import InputRecord, OutputRecord
 from torpor.streams.tracing import Headers, Tracing
@@ -48,6 +49,12 @@ FoldSpan = Span
 MODEL_TRACES_KEPT: Final = 10_000
 # Dispositions that are not a failure of the input (every other one marks the span an error).
 _FINE: Final = frozenset({APPLIED, DUPLICATE, DEFERRED})
+
+
+def _cut(text: str) -> str:
+    """`text` for a span attribute: at most a wire id's length. The fold span starts before
+    `step`'s door refuses a longer id, and a span holds its attributes until exported."""
+    return text if len(text) <= MAX_ID_LENGTH else text[:MAX_ID_LENGTH - 3] + "..."
 
 
 class ModelTraces:
@@ -105,9 +112,9 @@ class FoldTraces:
                                       "messaging.destination.name": record.topic,
                                       "messaging.destination.partition.id": str(record.partition),
                                       "messaging.kafka.offset": record.offset,
-                                      "torpor.thread_id": input.thread_id,
-                                      "torpor.message_id": input.message_id,
-                                      "torpor.source": input.source,
+                                      "torpor.thread_id": _cut(input.thread_id),
+                                      "torpor.message_id": _cut(input.message_id),
+                                      "torpor.source": _cut(input.source),
                                   })
 
     def parked(self, record: InputRecord, why: str) -> None:
