@@ -139,6 +139,10 @@ def test_workers_get_the_given_options_but_their_own_instance_stores_and_metrics
     assert all(c[-1] == "0" for c in worker_commands(ctx, 3, "p", tmp_path / "s", 0))
 
 
-def test_workers_out_of_range_are_refused_before_anything_starts() -> None:
+def test_workers_out_of_range_are_refused_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(click.BadParameter):
         processor.make_context("processor", ["--instance", "p", "--workers", "0"])
+    ctx = processor.make_context("processor", ["--instance", "p", "--workers", "3",
+                                               "--metrics-port", "65534"])
+    with pytest.raises(click.BadParameter, match="give a port up to 65533"):
+        worker_commands(ctx, 3, "p", tmp_path, 65534)

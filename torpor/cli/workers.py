@@ -72,6 +72,10 @@ def given_options(ctx: click.Context) -> list[str]:
 def worker_commands(ctx: click.Context, workers: int, instance: str, store_dir: Path,
                     metrics_port: int | None) -> list[list[str]]:
     """The N children's command lines: the same options, each its own instance, stores and port."""
+    if metrics_port and metrics_port + workers - 1 > 65535:
+        raise click.BadParameter(f"with --workers {workers} the last worker's port would be "
+                                 f"{metrics_port + workers - 1}: give a port up to {65536 - workers}",
+                                 param_hint="--metrics-port")
     shared = given_options(ctx)
     commands = []
     for index in range(workers):
