@@ -619,6 +619,7 @@ class CheckpointLoop:
         except (KafkaException, RuntimeError) as exc:
             log.info("closing the fenced consumer: %s", exc)
         self._consumer = renewal.new_consumer()
+        self._assigned_once = False  # owning nothing until the rebalance is not being idle
         self._subscribe()
         self.rejoins += 1
         log.info("consumer rebuilt (%d in a row); the rebalance restores the partitions",
