@@ -15,13 +15,19 @@ SIGKILLs node 2 and starts more conversations at once. Then:
   kill and bumps the epoch (`_FENCED` or `INVALID_TXN_STATE` on the abort that follows).
   The loop then renews its producer in-process (`streams/renewal.py`: log `aborting
   checkpoint: ... starting a new producer`, then `producer renewed`), and the restore
-  that follows retries the reads that fail while leaders move. A processor exit with a
-  `fatal:` line (exit 2) is restarted as a supervisor would, at most `PROCESSOR_RESTARTS`
-  times. Seen before the renewal: the errors above, the abort itself timing out, the
-  watchdog on `send_offsets_to_transaction` (5 s grace then), and `FENCED_INSTANCE_ID`.
-  Seen since, once in 14 runs: `produce ... _STATE` when the transaction after an abort
-  failed with OUT_OF_ORDER_SEQUENCE_NUMBER (requires an epoch bump), which the loop
-  does not abort or renew yet;
+  that follows retries the reads that fail while leaders move. Two more failures of a
+  failover are ridden through in-process: a transaction that fails under the fold
+  (OUT_OF_ORDER_SEQUENCE_NUMBER after an abort, which requires an epoch bump; librdkafka
+  then refuses records with `_STATE`) is aborted, and the abort bumps the epoch; a
+  consumer fenced out of its static membership (`FENCED_INSTANCE_ID`) by a member id
+  nobody heartbeats for is rebuilt (log `consumer rebuilt`; `streams/renewal.py`). So
+  no processor exit is allowed: the `Supervisor` would restart one exited with a
+  `fatal:` line as a service manager does, but `PROCESSOR_RESTARTS` is 0 and the test
+  fails on the first. Before these two, about 1 run in 7 needed a restart (the
+  `_STATE` exit, earlier `FENCED_INSTANCE_ID`); after them 40 runs in a row needed none
+  (27 renewed the producer, 2 met OUT_OF_ORDER_SEQUENCE_NUMBER and aborted at the
+  commit; neither `_STATE` nor `FENCED_INSTANCE_ID` came up, so both paths are forced
+  in tests/streams/test_loop.py);
 - the audit of `tests.faults.harness` (read_committed): every input exactly one decisive
   receipt (nothing lost, nothing folded twice), no outbox request id twice, every
   thread's history equal to a re-fold of the inputs;
@@ -74,9 +80,10 @@ IN_SYNC_TIMEOUT: Final = 240.0
 # The node killed: it leads every inputs partition (`lead_inputs`).
 VICTIM: Final = 2
 INTERNAL_TOPICS: Final = ("__consumer_offsets", "__transaction_state")
-# A fenced processor exits and its supervisor starts it again (see the module docstring);
-# more restarts than this for one kill is a loop, not a failover.
-PROCESSOR_RESTARTS: Final = 2
+# How many `fatal:` exits of the processor the supervisor restarts before the test fails:
+# none, the loop rides the failover in-process (module docstring). Raise it only to see
+# what a run does after an exit.
+PROCESSOR_RESTARTS: Final = 0
 
 
 def torpor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -135,7 +142,8 @@ class Supervisor:
         fatal = [line for line in lines if line.startswith("fatal:")]
         assert code == 2 and fatal, f"the processor exited {code} without a fatal line: see {self.log}"
         self.exits.append(fatal[-1][:200])
-        assert len(self.exits) <= PROCESSOR_RESTARTS, f"the processor keeps failing: {self.exits}"
+        assert len(self.exits) <= PROCESSOR_RESTARTS, \
+            f"the processor exited {len(self.exits)} time(s), {PROCESSOR_RESTARTS} allowed: {self.exits}"
         print(f"processor p0 exited 2 ({fatal[-1][:160]}): restarting it")
         self.process, self.log = self.soak.processor("p0")
 
