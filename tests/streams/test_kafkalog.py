@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import pytest
 from confluent_kafka import Producer
@@ -30,6 +31,14 @@ def test_a_repeated_message_passes_once_a_window_with_the_count_it_held_back() -
     assert repeats.filter(later) and "(and 39 more like it in the last 60 s)" in later.getMessage()
 
 
+def _closed_port() -> int:
+    """A port nothing listens on now: the system's pick, released at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 def test_a_client_with_no_broker_logs_through_python_logging_not_stderr(
         capfd: pytest.CaptureFixture[str]) -> None:
     seen: list[logging.LogRecord] = []
@@ -38,10 +47,12 @@ def test_a_client_with_no_broker_logs_through_python_logging_not_stderr(
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(record)
 
+    # The watch says an address once per process: one no earlier test used (127.0.0.1:1 is).
+    nobody = f"127.0.0.1:{_closed_port()}"
     keep = Keep()
     KAFKA_LOG.addHandler(keep)
     try:
-        producer = Producer({"bootstrap.servers": "127.0.0.1:1", "logger": KAFKA_LOG})
+        producer = Producer({"bootstrap.servers": nobody, "logger": KAFKA_LOG})
         for _ in range(600):  # up to a minute: the log comes with the first refused connection
             producer.poll(0.1)
             if seen:
@@ -50,7 +61,7 @@ def test_a_client_with_no_broker_logs_through_python_logging_not_stderr(
         KAFKA_LOG.removeHandler(keep)
     # The refused connection, said once by the broker watch (a child of torpor.kafka).
     assert seen and seen[0].levelno == logging.WARNING, [r.getMessage() for r in seen]
-    assert "broker at 127.0.0.1:1 unreachable since" in seen[0].getMessage()
+    assert f"broker at {nobody} unreachable since" in seen[0].getMessage()
     assert "%3|" not in capfd.readouterr().err
 
 
