@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -19,7 +19,11 @@ import pytest
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+
+from tests.waiting import wait_until
 
 CHROMIUM: Final = os.environ.get("TORPOR_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER: Final = os.environ.get("TORPOR_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -45,6 +49,26 @@ def chromium() -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
+
+
+def thread_row(driver: WebDriver, thread: str) -> WebElement | None:
+    """The threads list's row of `thread`, or None while the page does not show it."""
+    for row in driver.find_elements(By.CSS_SELECTOR, "#threads tbody tr"):
+        if row.get_attribute("data-thread") == thread:
+            return row
+    return None
+
+
+def click(find: Callable[[], WebElement | None], what: str, timeout: float) -> None:
+    """Click what `find` finds, again if the page redrew it in between (a live page does)."""
+    def clicked() -> bool:
+        element = find()
+        if element is None:
+            return False
+        element.click()  # a stale element raises: not clicked, tried again
+        return True
+
+    wait_until(clicked, timeout=timeout, message=f"to click {what}")
 
 
 def picture(driver: WebDriver, name: str) -> None:

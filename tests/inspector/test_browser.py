@@ -14,23 +14,20 @@ fails and says why; it never skips.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 from urllib.parse import quote
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from tests.cli.rig import send, start_thread
+from tests.inspector.chromium import SCREENSHOTS_ENV, chromium, click, thread_row
 from tests.inspector.rig import (
     CHILD_ANSWER,
     DONE,
@@ -45,31 +42,13 @@ from torpor.schemas.records import Input, TextBlock, UserMessage
 
 pytestmark = pytest.mark.kafka
 
-CHROMIUM: Final = os.environ.get("TORPOR_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER: Final = os.environ.get("TORPOR_CHROMEDRIVER", "/usr/bin/chromedriver")
-SCREENSHOTS_ENV: Final = "TORPOR_UI_SCREENSHOTS"  # a folder (docs/): where to save pictures of the page
 WAIT_S: Final = 120.0
 
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not (Path(p).exists() or shutil.which(p))]
-    if missing:
-        pytest.fail(f"headless Chromium is needed for this test and {missing} is not installed: "
-                    "`apt-get install chromium chromium-driver` (.ci/run does it)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1400,1000"):
-        options.add_argument(flag)
-    try:
-        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    except WebDriverException as error:
-        pytest.fail(f"headless Chromium ({CHROMIUM}, driver {CHROMEDRIVER}) did not start: {error.msg}")
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
@@ -78,28 +57,9 @@ def ui(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Ins
         yield found
 
 
-def _row(driver: WebDriver, thread: str) -> WebElement | None:
-    for row in driver.find_elements(By.CSS_SELECTOR, "#threads tbody tr"):
-        if row.get_attribute("data-thread") == thread:
-            return row
-    return None
-
-
 def _link(driver: WebDriver, thread: str) -> WebElement | None:
-    row = _row(driver, thread)
+    row = thread_row(driver, thread)
     return row.find_element(By.CSS_SELECTOR, "a.thread-link") if row is not None else None
-
-
-def _click(find: Callable[[], WebElement | None], what: str) -> None:
-    """Click what `find` finds, again if the page redrew it in between (a live page does)."""
-    def clicked() -> bool:
-        element = find()
-        if element is None:
-            return False
-        element.click()  # a stale element raises: not clicked, tried again
-        return True
-
-    wait_until(clicked, timeout=WAIT_S, message=f"to click {what}")
 
 
 def _found(driver: WebDriver, css: str) -> list[WebElement] | None:
@@ -126,13 +86,13 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     wait_until(lambda: "live" in browser.find_element(By.ID, "feed").text, timeout=WAIT_S,
                message=f"the page's feed to catch up; ui log:\n{ui_log(ui)}")
     thread = f"agent-{uuid.uuid4().hex[:8]}"
-    assert _row(browser, thread) is None
+    assert thread_row(browser, thread) is None
 
     start_thread(ui.deployment, thread, "please deploy to staging", "deploy")
-    wait_until(lambda: _row(browser, thread), timeout=WAIT_S,
+    wait_until(lambda: thread_row(browser, thread), timeout=WAIT_S,
                message=f"the new thread in the list, without a reload; ui log:\n{ui_log(ui)}")
     _picture(browser, "ui-threads.png")
-    _click(lambda: _link(browser, thread), "the thread's link")
+    click(lambda: _link(browser, thread), "the thread's link", WAIT_S)
 
     wait_until(lambda: "Asking first." in _timeline(browser) and "approval_requested" in _timeline(browser),
                timeout=WAIT_S, message="the turn, the call and the approval request on the timeline")
@@ -141,8 +101,8 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     assert "call deploy" in timeline, timeline
     grown = len(browser.find_elements(By.CSS_SELECTOR, "#timeline li"))
 
-    _click(lambda: browser.find_element(By.CSS_SELECTOR, '#approvals button[data-choice="approve"]'),
-           "the approve button")
+    click(lambda: browser.find_element(By.CSS_SELECTOR, '#approvals button[data-choice="approve"]'),
+           "the approve button", WAIT_S)
     action = wait_until(
         lambda: next((a for a in browser.find_elements(By.CSS_SELECTOR, "#actions li")
                       if a.get_attribute("data-disposition")), None),
@@ -192,7 +152,7 @@ def test_html_in_a_thread_id_or_model_text_is_shown_as_text_and_runs_nothing(
     # Shown as the text it is (a stale row, redrawn meanwhile, raises: looked at again).
     wait_until(lambda: (link := _link(browser, HOSTILE_THREAD)) is not None and link.text == HOSTILE_THREAD,
                timeout=WAIT_S, message=f"the hostile thread id in the list, as text; ui log:\n{ui_log(ui)}")
-    _click(lambda: _link(browser, thread), "the thread's link")
+    click(lambda: _link(browser, thread), "the thread's link", WAIT_S)
     wait_until(lambda: HOSTILE_TEXT in _timeline(browser), timeout=WAIT_S,
                message="the model's hostile text on the timeline, as text")
     browser.get(ui.url + "#thread=" + quote(HOSTILE_THREAD, safe=""))
@@ -208,12 +168,13 @@ def test_a_thread_s_children_are_links_to_their_own_timelines(ui: Inspected, bro
     browser.get(ui.url)
     parent = f"parent-{uuid.uuid4().hex[:8]}"
     send(ui.deployment, parent, "please split the work", "--new", "--model", "scripted")
-    _click(lambda: _link(browser, parent), "the parent's link")
+    click(lambda: _link(browser, parent), "the parent's link", WAIT_S)
     child = wait_until(lambda: _found(browser, "#children a.thread-link"), timeout=WAIT_S,
                        message="the child's link on the parent's page")[0]
     child_id = child.get_attribute("data-thread")
     assert child_id and child_id != parent
-    _click(lambda: browser.find_element(By.CSS_SELECTOR, "#children a.thread-link"), "the child's link")
+    click(lambda: browser.find_element(By.CSS_SELECTOR, "#children a.thread-link"), "the child's link",
+          WAIT_S)
     wait_until(lambda: browser.find_element(By.ID, "thread-title").text == child_id, timeout=WAIT_S,
                message="the child's page")
     wait_until(lambda: CHILD_ANSWER in _timeline(browser), timeout=WAIT_S, message="the child's answer")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -23,9 +23,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.remote.webelement import WebElement
 
-from tests.inspector.chromium import chromium, picture
+from tests.inspector.chromium import chromium, click, picture, thread_row
 from tests.processors.test_processor import TORPOR
 from tests.waiting import wait_until
 from torpor.cli.demo import DEPLOYED_ANSWER, FINAL_ANSWER
@@ -72,25 +71,6 @@ def browser() -> Iterator[WebDriver]:
         yield driver
 
 
-def _row(driver: WebDriver, thread: str) -> WebElement | None:
-    for row in driver.find_elements(By.CSS_SELECTOR, "#threads tbody tr"):
-        if row.get_attribute("data-thread") == thread:
-            return row
-    return None
-
-
-def _click(find: Callable[[], WebElement | None], what: str) -> None:
-    """Click what `find` finds, again if the page redrew it in between (a live page does)."""
-    def clicked() -> bool:
-        element = find()
-        if element is None:
-            return False
-        element.click()  # a stale element raises: not clicked, tried again
-        return True
-
-    wait_until(clicked, timeout=WAIT_S, message=f"to click {what}")
-
-
 def _timeline(driver: WebDriver) -> str:
     return driver.find_element(By.ID, "timeline").text
 
@@ -109,7 +89,7 @@ def test_after_the_demo_the_page_shows_its_threads_approving_resumes_the_agent_a
     assert f"{deployer} waits for your approval" in out
 
     browser.get(url)
-    wait_until(lambda: _row(browser, builder) and _row(browser, deployer), timeout=WAIT_S,
+    wait_until(lambda: thread_row(browser, builder) and thread_row(browser, deployer), timeout=WAIT_S,
                message="the demo's two threads in the list")
     wait_until(lambda: browser.find_element(By.ID, "whoami").text.startswith("operator:demo (signed)"),
                timeout=WAIT_S, message="the page's operator: the demo's, signed")
@@ -125,8 +105,8 @@ def test_after_the_demo_the_page_shows_its_threads_approving_resumes_the_agent_a
     assert f"group demo-{run_id.group(1)}" in browser.find_element(By.ID, "lag-group").text
     picture(browser, "ui-demo-threads.png")
 
-    _click(lambda: (row := _row(browser, deployer)) and row.find_element(By.CSS_SELECTOR, "a.thread-link"),
-           "the waiting agent's link")
+    click(lambda: (row := thread_row(browser, deployer))
+          and row.find_element(By.CSS_SELECTOR, "a.thread-link"), "the waiting agent's link", WAIT_S)
     wait_until(lambda: "approval_requested" in _timeline(browser), timeout=WAIT_S,
                message="the approval request on the waiting agent's timeline")
     approve = '#approvals button[data-choice="approve"]'
@@ -136,7 +116,7 @@ def test_after_the_demo_the_page_shows_its_threads_approving_resumes_the_agent_a
     wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")) == 4, timeout=WAIT_S,
                message="the waiting agent's four receipts")
     picture(browser, "ui-demo-approval.png")
-    _click(lambda: browser.find_element(By.CSS_SELECTOR, approve), "the approve button")
+    click(lambda: browser.find_element(By.CSS_SELECTOR, approve), "the approve button", WAIT_S)
     action = wait_until(
         lambda: next((a for a in browser.find_elements(By.CSS_SELECTOR, "#actions li")
                       if a.get_attribute("data-disposition")), None),
@@ -158,8 +138,8 @@ def test_after_the_demo_the_page_shows_its_threads_approving_resumes_the_agent_a
     browser.get(url + "#thread=" + deployer)
     wait_until(lambda: DEPLOYED_ANSWER in _timeline(browser), timeout=WAIT_S,
                message="the agent's page again")
-    _click(lambda: next(iter(browser.find_elements(
-        By.CSS_SELECTOR, '#timeline li[data-seq="0"] button.fork')), None), "entry #0's fork button")
+    click(lambda: next(iter(browser.find_elements(
+        By.CSS_SELECTOR, '#timeline li[data-seq="0"] button.fork')), None), "entry #0's fork button", WAIT_S)
     forked = wait_until(
         lambda: next((a for a in browser.find_elements(By.CSS_SELECTOR, "#actions li")
                       if a.get_attribute("data-fork") and a.get_attribute("data-disposition")), None),
