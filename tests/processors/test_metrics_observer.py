@@ -31,11 +31,12 @@ def test_committed_work_is_counted_by_disposition_and_the_parked_gauge_follows_t
     assert _value(metrics, "torpor_inputs_total", disposition="duplicate", reason="") == 1
     assert _value(metrics, "torpor_inputs_total", disposition="parked", reason="") == 1  # the poisoned one
     assert _value(metrics, "torpor_parked_threads") == 1
-    assert metrics.owned() == {0: (store.path, 3)}
+    assert metrics.owned() == {0: (store.path, 3, None)}
     assert _value(metrics, "torpor_store_bytes", partition="0") is not None
     # A scrape without a watermark source reports no lag rather than a made-up one.
     assert _value(metrics, "torpor_consumer_lag", partition="0") is None
     metrics.track_lag(lambda partition: 10)
+    metrics.committed(0.01)  # the end is read on the loop's thread, at a commit
     assert _value(metrics, "torpor_consumer_lag", partition="0") == 7
     metrics.partition_closed(0)
     assert _value(metrics, "torpor_parked_threads") == 0

@@ -82,6 +82,9 @@ class _Owned:
     store_path: Path
     committed: int | None
     parked: set[str] = field(default_factory=set)
+    # The partition's end as last read on the loop's thread: a scrape never calls the
+    # consumer (from another thread it can wait behind the loop's consume without end).
+    high: int | None = None
 
 
 class ProcessorMetrics:
@@ -121,6 +124,14 @@ class ProcessorMetrics:
 
     def committed(self, seconds: float) -> None:
         self.commit_seconds.observe(seconds)
+        # Every owned partition's end, read here on the loop's thread (idle ones included).
+        with self._lock:
+            partitions = list(self._owned)
+        highs = {p: self.watermark(p) for p in partitions}
+        with self._lock:
+            for partition, high in highs.items():
+                if (owned := self._owned.get(partition)) is not None and high is not None:
+                    owned.high = high
 
     def aborted(self, cause: str) -> None:
         self.aborts.labels(cause).inc()
@@ -130,8 +141,9 @@ class ProcessorMetrics:
     def partition_started(self, partition: int, store: RocksStore, input_offset: int | None) -> None:
         # Once per assignment: read every thread's state for the parked gauge.
         parked = {t for t in thread_ids(store) if _is_parked(store, t)}
+        high = self.watermark(partition)
         with self._lock:
-            self._owned[partition] = _Owned(store.path, input_offset, parked)
+            self._owned[partition] = _Owned(store.path, input_offset, parked, high=high)
         self._set_parked()
 
     def partition_committed(self, work: CommittedWork, store: RocksStore) -> None:
@@ -144,6 +156,7 @@ class ProcessorMetrics:
                 dispositions[(kind, reason)] += 1
             dispatches += len(output.dispatches)
             touched.update(e.thread_id for e in output.events if e.kind in _PARK_KINDS)
+        high = self.watermark(work.partition)  # on the loop's thread, after its commit
         if work.poisoned:
             dispositions[("parked", "")] += work.poisoned
         for (disposition, reason), count in dispositions.items():
@@ -155,6 +168,7 @@ class ProcessorMetrics:
             if owned is None:
                 return
             owned.committed = work.input_offset
+            owned.high = high
             for thread in touched:
                 if _is_parked(store, thread):
                     owned.parked.add(thread)
@@ -180,10 +194,10 @@ class ProcessorMetrics:
 
     # --- read by the scrape ----------------------------------------------------------------
 
-    def owned(self) -> dict[int, tuple[Path, int | None]]:
-        """Each owned partition's store directory and committed offset, now."""
+    def owned(self) -> dict[int, tuple[Path, int | None, int | None]]:
+        """Each owned partition's store directory, committed offset and end as last read."""
         with self._lock:
-            return {p: (o.store_path, o.committed) for p, o in self._owned.items()}
+            return {p: (o.store_path, o.committed, o.high) for p, o in self._owned.items()}
 
     def watermark(self, partition: int) -> int | None:
         return None if self._watermark is None else self._watermark(partition)
@@ -205,8 +219,7 @@ class _PartitionCollector(Collector):
                                 labels=["partition"])
         size = GaugeMetricFamily("torpor_store_bytes", "RocksDB store size on disk, per owned partition.",
                                  labels=["partition"])
-        for partition, (path, committed) in sorted(self._metrics.owned().items()):
-            high = self._metrics.watermark(partition)
+        for partition, (path, committed, high) in sorted(self._metrics.owned().items()):
             if high is not None:
                 lag.add_metric([str(partition)], float(max(0, high - (committed or 0))))
             size.add_metric([str(partition)], float(_directory_bytes(path)))

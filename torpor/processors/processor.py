@@ -378,8 +378,9 @@ class Processor:
 
     def high_watermark(self, partition: int) -> int | None:
         """The end of `inputs` partition `partition` (read_committed: its last stable offset)
-        as the consumer last heard from the broker, or None when unknown. Cached, no request:
-        safe to call from another thread (a metrics scrape), even after the consumer closed."""
+        as the consumer last heard from the broker, or None when unknown. Cached, no request.
+        Call it on the loop's thread (the metrics read it at commits): from another thread
+        the call can wait behind the loop's `consume` for as long as the loop keeps polling."""
         try:
             found = self.loop.consumer.get_watermark_offsets(
                 TopicPartition(self.topics.inputs, partition), cached=True)
