@@ -15,26 +15,23 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 from urllib.parse import quote
 
 import pytest
-from confluent_kafka.admin import AdminClient
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from tests.cli.rig import send, start_thread
-from tests.inspector.chromium import SCREENSHOTS_ENV, chromium, click, thread_row
+from tests.inspector.chromium import SCREENSHOTS_ENV, click, thread_row
 from tests.inspector.rig import (
     CHILD_ANSWER,
     DONE,
     HOSTILE_TEXT,
     HOSTILE_THREAD,
     Inspected,
-    inspected,
     ui_log,
 )
 from tests.waiting import wait_until
@@ -43,18 +40,6 @@ from torpor.schemas.records import Input, TextBlock, UserMessage
 pytestmark = pytest.mark.kafka
 
 WAIT_S: Final = 120.0
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    with chromium() as driver:
-        yield driver
-
-
-@pytest.fixture
-def ui(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Inspected]:
-    with inspected(kafka_bootstrap, admin, tmp_path) as found:
-        yield found
 
 
 def _link(driver: WebDriver, thread: str) -> WebElement | None:

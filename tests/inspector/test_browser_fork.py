@@ -12,7 +12,6 @@ Chromium is a hard requirement, as in test_browser.py (whose `browser` fixture t
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -26,28 +25,15 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from tests.cli.rig import deploy, send
+from tests.cli.test_fork import FIRST, SCRIPT, SECOND
+from tests.inspector.chromium import picture
 from tests.inspector.rig import Inspected, ui_log
-from tests.inspector.test_browser import SCREENSHOTS_ENV, browser  # noqa: F401  (the fixture)
 from tests.processors.test_processor import TORPOR
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
 WAIT_S: Final = 120.0
-FIRST: Final = "The first answer."
-SECOND: Final = "The second answer."
-SCRIPT: Final = f"""\
-[thread]
-id = "unused"
-
-[[model]]
-last_contains = "hello"
-turns = [{{ text = "{FIRST}" }}]
-
-[[model]]
-last_contains = "tell me more"
-turns = [{{ text = "{SECOND}" }}]
-"""
 
 
 @pytest.fixture
@@ -57,11 +43,6 @@ def talking_ui(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iter
         found = wait_until(lambda: re.search(r"torpor ui: (http://\S+/)", deployment.log("ui")), timeout=60,
                            message="torpor ui's address on its output")
         yield Inspected(deployment, found.group(1))
-
-
-def _picture(driver: WebDriver, name: str) -> None:
-    if folder := os.environ.get(SCREENSHOTS_ENV):
-        driver.save_screenshot(str(Path(folder) / name))
 
 
 def _timeline(driver: WebDriver) -> str:
@@ -74,7 +55,7 @@ def _entry(driver: WebDriver, seq: int) -> WebElement | None:
 
 
 def test_a_fork_from_an_earlier_entry_makes_a_new_thread_with_that_history(
-        talking_ui: Inspected, browser: WebDriver) -> None:  # noqa: F811
+        talking_ui: Inspected, browser: WebDriver) -> None:
     ui = talking_ui
     thread = f"talker-{uuid.uuid4().hex[:8]}"
     send(ui.deployment, thread, "hello", "--new", "--model", "scripted", "--wait", "60")
@@ -110,7 +91,7 @@ def test_a_fork_from_an_earlier_entry_makes_a_new_thread_with_that_history(
     receipts = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr") or None,
                           timeout=WAIT_S, message="the fork's receipts")
     assert receipts[0].find_elements(By.TAG_NAME, "td")[2].text == "applied"  # its creation
-    _picture(browser, "ui-fork.png")
+    picture(browser, "ui-fork.png")
 
     # Time travel on the fork: its creation, re-folded from the log, gives the head its receipt recorded.
     after = receipts[0].find_elements(By.TAG_NAME, "td")[6].text.split("→")[-1].strip()

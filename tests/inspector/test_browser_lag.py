@@ -13,36 +13,22 @@ from __future__ import annotations
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import pytest
-from confluent_kafka.admin import AdminClient
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from tests.cli.rig import send
-from tests.inspector.chromium import chromium, picture
-from tests.inspector.rig import Inspected, inspected, ui_log
+from tests.inspector.chromium import picture
+from tests.inspector.rig import Inspected, ui_log
 from tests.processors.test_processor import PARTITIONS, REPO, TORPOR
 from tests.waiting import wait_until
 from torpor.streams.partitioner import partition_for
 
 WAIT_S: Final = 120.0
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    with chromium() as driver:
-        yield driver
-
-
-@pytest.fixture
-def ui(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Inspected]:
-    with inspected(kafka_bootstrap, admin, tmp_path) as found:
-        yield found
 
 
 def _lags(driver: WebDriver) -> dict[int, int] | None:

@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from tests.inspector.chromium import chromium, click, picture, thread_row
+from tests.inspector.chromium import click, picture, thread_row
 from tests.processors.test_processor import TORPOR
 from tests.waiting import wait_until
 from torpor.cli.demo import DEPLOYED_ANSWER, FINAL_ANSWER
@@ -63,12 +63,6 @@ def demo(kafka_bootstrap: str, tmp_path: Path) -> Iterator[_Demo]:
             except subprocess.TimeoutExpired:
                 running.process.kill()
                 running.process.wait(timeout=60)
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    with chromium() as driver:
-        yield driver
 
 
 def _timeline(driver: WebDriver) -> str:
