@@ -465,16 +465,8 @@ def _write_state(
 def _creation(rows: Overlay, thread_id: str, spawn: SpawnChild) -> Input:
     """The child's `CreateThread`, carrying the parent's model-visible entries of the range."""
     inherited = _fitting(visible_entries(rows, thread_id, spawn.from_seq, spawn.up_to_seq), spawn)
-    return Input(
-        message_id=spawn.message_id,
-        thread_id=spawn.child_thread_id,
-        created_at=spawn.created_at,
-        source="processor",
-        expires_at=None,
-        key_id=None,
-        signature=None,
-        body=CreateThread(config=spawn.config, inherited=inherited, initial=spawn.initial),
-    )
+    return _loopback(spawn.message_id, spawn.child_thread_id, spawn.created_at,
+                     CreateThread(config=spawn.config, inherited=inherited, initial=spawn.initial))
 
 
 def _fork_creation(rows: Overlay, thread_id: str, fork: ForkThread) -> Input | str:
@@ -490,16 +482,15 @@ def _fork_creation(rows: Overlay, thread_id: str, fork: ForkThread) -> Input | s
     if entries is None:
         return (f"forking it would send thread {fork.new_thread_id!r} its entries 0 to {last}, "
                 f"more than {MAX_INPUT_BYTES_CEILING} bytes (the most one input may have)")
-    return Input(
-        message_id=fork.message_id,
-        thread_id=fork.new_thread_id,
-        created_at=fork.created_at,
-        source="processor",
-        expires_at=None,
-        key_id=None,
-        signature=None,
-        body=CreateThread(config=fork.config, inherited=entries, initial=(), fork=fork.origin),
-    )
+    return _loopback(fork.message_id, fork.new_thread_id, fork.created_at,
+                     CreateThread(config=fork.config, inherited=entries, initial=(), fork=fork.origin))
+
+
+def _loopback(message_id: str, thread_id: str, created_at: int, body: CreateThread) -> Input:
+    """A creation the processor sends to another thread: source `processor`, signed (if a
+    key is configured) by the output writer, never expiring."""
+    return Input(message_id=message_id, thread_id=thread_id, created_at=created_at, source="processor",
+                 expires_at=None, key_id=None, signature=None, body=body)
 
 
 def _fitting(entries: tuple[HistoryEntry, ...], spawn: SpawnChild) -> tuple[HistoryEntry, ...]:
