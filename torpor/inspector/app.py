@@ -153,22 +153,7 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
         return JSONResponse(summary.as_json())
 
     async def threads_stream(_: Request) -> Response:
-        async def changes() -> AsyncIterator[str]:
-            seen = -1
-            quiet = 0.0
-            while True:
-                state = _feed_state(reader, index)
-                if index.version != seen:
-                    seen = index.version
-                    quiet = 0.0
-                    yield _sse("changed", {"version": seen, **state})
-                elif quiet >= KEEPALIVE_SECONDS:
-                    quiet = 0.0
-                    yield ": keepalive\n\n"
-                await asyncio.sleep(LIST_POLL_SECONDS)
-                quiet += LIST_POLL_SECONDS
-
-        return _event_stream(changes())
+        return _event_stream(list_changes(lambda: {"version": index.version, **_feed_state(reader, index)}))
 
     async def thread_stream(request: Request) -> Response:
         thread_id = request.query_params.get("id", "")
@@ -283,6 +268,28 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
 
 def _feed_state(reader: Feed, index: ThreadIndex) -> dict[str, object]:
     return {"caught_up": reader.caught_up.is_set(), "feed_error": reader.error, "count": len(index)}
+
+
+async def list_changes(state: Callable[[], dict[str, object]],
+                       poll_seconds: float = LIST_POLL_SECONDS) -> AsyncIterator[str]:
+    """The list stream: a `changed` message whenever `state()` (version, feed state) changed.
+
+    The feed catching up or failing changes no row, yet the page must hear it: a page that
+    loaded mid-read would otherwise say "reading the topics…" for good.
+    """
+    seen: dict[str, object] | None = None
+    quiet = 0.0
+    while True:
+        now = state()
+        if now != seen:
+            seen = now
+            quiet = 0.0
+            yield _sse("changed", now)
+        elif quiet >= KEEPALIVE_SECONDS:
+            quiet = 0.0
+            yield ": keepalive\n\n"
+        await asyncio.sleep(poll_seconds)
+        quiet += poll_seconds
 
 
 def _sse(event: str, data: object, event_id: str | None = None) -> str:
