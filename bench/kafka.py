@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Final
 
 import psutil
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from bench import figures, passthrough
 from bench.measure import cpu_seconds, dir_bytes, rss_bytes
@@ -48,7 +49,7 @@ from bench.workload import (
 )
 from torpor.processors.processor import ProcessorConfig
 from torpor.schemas.codec import decode_value, encode_value
-from torpor.schemas.records import Completion, Input
+from torpor.schemas.records import Completion, Input, Receipt
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
@@ -90,12 +91,26 @@ def settle(pids: list[int]) -> None:
         last = now
 
 
-def wait_for_workers(pid: int, workers: int) -> None:
-    """Wait until `torpor processor --workers` has started its worker processes."""
+def wait_for_workers(pid: int, workers: int, admin: AdminClient, group: str) -> None:
+    """Wait until `torpor processor --workers` has started its worker processes and the
+    group is stable with each of them holding partitions: a worker joining mid-wave moves
+    partitions (restores, re-issued model calls), which is not the steady state measured."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while len(psutil.Process(pid).children()) < workers:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the processor did not start {workers} workers")
+        time.sleep(0.2)
+    while True:
+        (future,) = admin.describe_consumer_groups([group], request_timeout=10).values()
+        try:
+            described = future.result(timeout=10)
+        except KafkaException:  # the group is not there yet
+            described = None
+        if described is not None and described.state == ConsumerGroupState.STABLE and \
+                sum(1 for m in described.members if m.assignment.topic_partitions) == workers:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the processor group did not settle with {workers} members")
         time.sleep(0.2)
 
 
@@ -133,7 +148,9 @@ def default_bootstrap() -> str:
 
 
 class Receipts:
-    """Counts committed receipts (no decoding: the driver must not compete with the processor)."""
+    """Counts committed `applied` receipts. A duplicate (a model answer given twice when a
+    partition moved to another worker) is not progress: counted, the driver would send the
+    next turn before every thread finished this one, and interrupt it."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self._consumer = Consumer(
@@ -160,7 +177,8 @@ class Receipts:
             # Drain what is fetched, else wait for one record: consume() blocks its whole
             # timeout unless the batch fills, which would add that much to every turn.
             batch = self._consumer.consume(5000, timeout=0) or self._consumer.consume(1, timeout=0.05)
-            self.count += sum(1 for m in batch if m.error() is None)
+            self.count += sum(1 for m in batch if m.error() is None
+                              and decode_value(m.value() or b"", Receipt).disposition == "applied")
 
     def close(self) -> None:
         self._consumer.close()
@@ -252,7 +270,7 @@ def run(
             producer.flush(60)
 
         if workers > 1:  # the supervisor's workers: their CPU and RSS are the processor's
-            wait_for_workers(processor.pid, workers)
+            wait_for_workers(processor.pid, workers, admin, f"app-{prefix}")
         settle([processor.pid, connector.pid])
         cpu_started = (cpu_seconds(processor.pid, descendants=True), cpu_seconds(connector.pid))
         started = time.perf_counter()
@@ -285,10 +303,12 @@ def run(
             process.wait(timeout=120)
 
         inputs = read_topic(bootstrap, names.of(Topic.INPUTS))
-        completions = 0
+        answered: set[str] = set()  # by message id: a model answer given twice counts once
         for _, _, value in inputs:
-            body = decode_value(value, Input).body
-            completions += isinstance(body, Completion) and body.error is None
+            record = decode_value(value, Input)
+            if isinstance(record.body, Completion) and record.body.error is None:
+                answered.add(record.message_id)
+        completions = len(answered)
         summary = figures.summarize("kafka", agents, turns, wave, completions, seconds, rows, cpu)
         outputs: dict[str, list[tuple[int, int]]] = defaultdict(list)
         changelog_bytes = 0
