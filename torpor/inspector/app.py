@@ -10,7 +10,8 @@ Routes:
                                 message's id is the position after it, so a reconnecting
                                 EventSource (Last-Event-ID) resumes with no gap and no repeat
   GET  /api/thread/at?id=&offset=   the thread as it stood after its input at that offset of
-                                its partition (re-folded from `inputs`, as `torpor replay --at`)
+                                its partition (re-folded from `inputs`, as `torpor replay --at`);
+                                the page's token required, as for the POSTs
   POST /api/approve, /api/control   an operator's decision or command, signed (`Desk`);
                                 answers the message id, whose receipt the timeline shows
   GET  /api/lag?window=         the processor group's lag per `inputs` partition, its members
@@ -207,6 +208,10 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
             fields=FORK_FIELDS, known=may_exist)
 
     async def thread_at(request: Request) -> Response:
+        # A re-fold costs the server a read of the partition: only the page may ask for one
+        # (another site could make a browser send this GET, not the token).
+        if (foreign := _not_from_the_page(request, config)) is not None:
+            return foreign
         thread_id = request.query_params.get("id", "")
         try:
             offset = int(request.query_params.get("offset", ""))
@@ -330,6 +335,17 @@ def _optional(body: dict[str, object], name: str) -> str | None:
     return value
 
 
+def _not_from_the_page(request: Request, config: UiConfig) -> Response | None:
+    """A 403 unless the request carries the page's token and, if the browser names one, this origin."""
+    token = request.headers.get("x-torpor-token", "")
+    if not hmac.compare_digest(token.encode(), config.token.encode()):
+        return JSONResponse({"error": "missing or wrong X-Torpor-Token: reload the page"}, status_code=403)
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+        return JSONResponse({"error": f"requests from {origin[:100]!r} are not accepted"}, status_code=403)
+    return None
+
+
 async def _operate(request: Request, config: UiConfig,
                    act: Callable[[dict[str, object]], str | ForkRequest], *,
                    fields: frozenset[str] | None = None,
@@ -342,12 +358,8 @@ async def _operate(request: Request, config: UiConfig,
     a well-formed thread id `known` does not know (404: the page acts on threads it lists),
     and whatever `act` raises `DeskError` for (400).
     """
-    token = request.headers.get("x-torpor-token", "")
-    if not hmac.compare_digest(token.encode(), config.token.encode()):
-        return JSONResponse({"error": "missing or wrong X-Torpor-Token: reload the page"}, status_code=403)
-    origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
-        return JSONResponse({"error": f"requests from {origin[:100]!r} are not accepted"}, status_code=403)
+    if (foreign := _not_from_the_page(request, config)) is not None:
+        return foreign
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         return JSONResponse({"error": "send JSON (Content-Type: application/json)"}, status_code=415)
     raw = await _bounded_body(request)

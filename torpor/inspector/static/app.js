@@ -245,7 +245,8 @@ async function travel(partition, offset) {
   $("past-box").hidden = false;
   $("past-head").textContent = "re-folding the inputs up to " + partition + ":" + offset + "…";
   $("past").replaceChildren();
-  const response = await fetch("/api/thread/at?" + new URLSearchParams({ id, offset: String(offset) }));
+  const response = await fetch("/api/thread/at?" + new URLSearchParams({ id, offset: String(offset) }),
+    { headers: { "X-Torpor-Token": TOKEN } });
   const past = await response.json();
   if (id !== view.id) return;
   if (!response.ok) { $("past-head").textContent = past.error; return; }
