@@ -107,5 +107,5 @@ def test_all_benchmark_prints_local_kafka_and_passthrough_in_one_table(
     _, *rows = _table_lines(done.stdout)
     cells = [row.strip("| ").split(" | ") for row in rows]
     assert [c[0] for c in cells] == ["local", "kafka (exactly-once)", "raw EOS pass-through"]
-    assert all(float(c[1]) > 0 and float(c[2]) > 0 for c in cells)
-    assert float(cells[1][4]) > 0  # the ratio to the pass-through
+    assert all(float(c[1]) > 0 and float(c[2]) > 0 for c in cells), done.stdout
+    assert float(cells[1][4]) > 0, done.stdout  # the ratio to the pass-through
