@@ -85,6 +85,7 @@ from torpor.processors.store.tables import (
     with_sender,
 )
 from torpor.schemas.codec import encode_value
+from torpor.schemas.frozen import fast_inits
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
     DEFERRED,
@@ -507,3 +508,6 @@ def _fitting(entries: tuple[HistoryEntry, ...], spawn: SpawnChild) -> tuple[Hist
         log.warning("child %s inherits only the last %d of %d entries: the rest do not fit one input",
                     spawn.child_thread_id, kept, len(entries), extra={"thread_id": spawn.child_thread_id})
     return entries[len(entries) - kept:]
+
+# Records are built several times per input: a faster __init__, same signature (frozen.py).
+fast_inits(__name__)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from torpor.schemas.frozen import fast_inits
+
 # --- content blocks -----------------------------------------------------------------
 
 
@@ -508,3 +510,6 @@ UNCHECKED: Final = "unchecked"  # refused at the door (ids, record key, partitio
 
 RESERVED_SUFFIX: Final = "__injected"
 INJECTED_TOOL: Final = "receive_event__injected"
+
+# Records are built several times per input: a faster __init__, same signature (frozen.py).
+fast_inits(__name__)

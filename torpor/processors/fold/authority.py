@@ -50,6 +50,7 @@ from enum import Enum
 from typing import Final
 
 from torpor.processors.fold.state import ThreadState
+from torpor.schemas.frozen import fast_inits
 from torpor.schemas.keyring import KeyRing
 from torpor.schemas.records import (
     FORGED,
@@ -209,3 +210,6 @@ def grant_verdict(record: Input, verified: bool, ring: KeyRing, at: int | None =
     if not all(version.may_grant_scope(scope) for scope in capability.scopes):
         return Verdict(FORGED, SCOPE_NOT_GRANTED, record.key_id)
     return None
+
+# Records are built several times per input: a faster __init__, same signature (frozen.py).
+fast_inits(__name__)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torpor.schemas.frozen import fast_inits
 from torpor.schemas.records import (
     ContentBlock,
     Dispatch,
@@ -143,3 +144,6 @@ Effect = (
     | RememberInput
     | EmitReceipt
 )
+
+# Records are built several times per input: a faster __init__, same signature (frozen.py).
+fast_inits(__name__)

@@ -1,0 +1,101 @@
+"""`torpor.schemas.frozen`: the faster `__init__` builds what the generated one builds."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pickle
+import sys
+import types
+
+import pytest
+
+import torpor.processors.fold.authority
+import torpor.processors.fold.effects
+import torpor.processors.fold.state
+import torpor.processors.step
+import torpor.schemas.records
+from torpor.schemas.frozen import fast_inits, original_init
+from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
+
+MODULES = (torpor.schemas.records, torpor.processors.fold.state, torpor.processors.fold.effects,
+           torpor.processors.fold.authority, torpor.processors.step)
+REPLACED = tuple(
+    value for module in MODULES for value in vars(module).values()
+    if isinstance(value, type) and value.__module__ == module.__name__ and dataclasses.is_dataclass(value)
+    and value.__dataclass_params__.frozen  # type: ignore[attr-defined]
+)
+
+
+def test_every_frozen_record_of_the_hot_modules_has_the_fast_init() -> None:
+    assert REPLACED
+    for cls in REPLACED:
+        assert cls.__init__ is not original_init(cls), cls
+
+
+@pytest.mark.parametrize("cls", REPLACED, ids=lambda cls: cls.__name__)
+def test_the_fast_init_has_the_generated_signature_and_stores_the_same_fields(cls: type) -> None:
+    assert inspect.signature(cls.__init__) == inspect.signature(original_init(cls))
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = [object() for _ in names]
+    fast = cls(**dict(zip(names, values, strict=True)))
+    generated = object.__new__(cls)
+    original_init(cls)(generated, *values)
+    for name, value in zip(names, values, strict=True):
+        assert getattr(fast, name) is value is getattr(generated, name)
+
+
+def test_defaults_keyword_only_and_post_init_behave_as_generated() -> None:
+    calls: list[str] = []
+    module = types.ModuleType("frozen_probe")
+    sys.modules[module.__name__] = module
+    try:
+        @dataclasses.dataclass(frozen=True, slots=True)
+        class Probe:
+            a: int
+            b: str = "b"
+            c: tuple[int, ...] = dataclasses.field(default=(), kw_only=True)
+
+            def __post_init__(self) -> None:
+                calls.append(f"{self.a}{self.b}{self.c}")
+                if self.a < 0:
+                    raise ValueError("negative")
+
+        @dataclasses.dataclass(frozen=True, slots=True)
+        class WithFactory:
+            items: list[int] = dataclasses.field(default_factory=list)
+
+        @dataclasses.dataclass(frozen=True)
+        class Unslotted:
+            a: int
+
+        for cls in (Probe, WithFactory, Unslotted):
+            cls.__module__ = module.__name__
+            setattr(module, cls.__name__, cls)
+        assert fast_inits(module.__name__) == (Probe,)
+        assert inspect.signature(Probe.__init__) == inspect.signature(original_init(Probe))
+        assert Probe(1) == Probe(1, "b", c=())
+        assert Probe(2, c=(3,)).c == (3,)
+        assert calls == ["1b()", "1b()", "2b(3,)"]
+        with pytest.raises(ValueError, match="negative"):
+            Probe(-1)
+        with pytest.raises(TypeError):
+            Probe(1, "b", (3,))  # type: ignore[misc]  # c is keyword-only
+        with pytest.raises(TypeError):
+            Probe()  # type: ignore[call-arg]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            Probe(1).a = 2  # type: ignore[misc]
+        assert WithFactory().items == []
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_records_built_by_the_fast_init_replace_compare_hash_and_pickle_as_before() -> None:
+    entry = HistoryEntry(seq=0, created_at=1, input_id="m", body=UserEntry((TextBlock("hi"),), False))
+    later = dataclasses.replace(entry, seq=1)
+    assert later.seq == 1 and later.body is entry.body
+    assert entry == HistoryEntry(0, 1, "m", UserEntry((TextBlock("hi"),), False))
+    assert hash(entry) == hash(HistoryEntry(0, 1, "m", UserEntry((TextBlock("hi"),), False)))
+    assert pickle.loads(pickle.dumps(entry)) == entry
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        entry.seq = 5  # type: ignore[misc]
