@@ -55,7 +55,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, assert_never
@@ -85,7 +84,7 @@ from torpor.processors.store.tables import (
     with_sender,
 )
 from torpor.schemas.codec import encode_value
-from torpor.schemas.frozen import fast_inits
+from torpor.schemas.frozen import fast_inits, slot_copier
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
     DEFERRED,
@@ -429,19 +428,15 @@ def _interpret(
     _write_state(rows, thread_id, transition.state, requested)
 
 
-_RECEIPT_SLOTS: Final[dict[str, types.MemberDescriptorType]] = {
-    f.name: getattr(Receipt, f.name) for f in dataclasses.fields(Receipt)}
-_PARTITION: Final = _RECEIPT_SLOTS["input_partition"]
-_OFFSET: Final = _RECEIPT_SLOTS["input_offset"]
+_copy_receipt: Final = slot_copier(Receipt)
+_PARTITION: Final = Receipt.__dict__["input_partition"]
+_OFFSET: Final = Receipt.__dict__["input_offset"]
 
 
 def _placed(receipt: Receipt, partition: int | None, offset: int | None) -> Receipt:
     """`receipt` with where its input was read: `dataclasses.replace` without re-running the
-    17-field `__init__` (it cost as much as building the receipt). A new frozen value; the
-    fold's receipt is untouched."""
-    copy = object.__new__(Receipt)
-    for slot in _RECEIPT_SLOTS.values():
-        slot.__set__(copy, slot.__get__(receipt))
+    17-field `__init__` and its keyword handling. A new frozen value; the fold's receipt is untouched."""
+    copy = _copy_receipt(receipt)
     _PARTITION.__set__(copy, partition)
     _OFFSET.__set__(copy, offset)
     return copy

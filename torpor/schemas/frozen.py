@@ -15,6 +15,8 @@ still called last; the class stays frozen (its `__setattr__` still refuses) and
 `default_factory`, `init=False` fields or `InitVar` keeps its generated `__init__`
 (none of the records needs those). `original_init(cls)` returns the replaced one, for
 the test that checks the two agree.
+
+`slot_copier(cls)`: the same trick for a field-by-field copy of a slotted record.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import dataclasses
 import inspect
 import sys
 import types
+import typing
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
+T = TypeVar("T")
 _ORIGINAL: Final[dict[type, Callable[..., None]]] = {}
 
 
@@ -38,6 +42,28 @@ def fast_inits(module_name: str) -> tuple[type, ...]:
             _install(value)
             changed.append(value)
     return tuple(changed)
+
+
+def slot_copier(cls: type[T]) -> Callable[[T], T]:
+    """A function that copies a `cls` value field by field into a new instance, without
+    `__init__`: for a caller that then sets a few slots of the copy before anyone else sees
+    it (`Draft`'s own state, a receipt placed at its offset). Written out once per call of
+    this function; a loop over the slots cost three times as much."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    namespace: dict[str, object] = {"_new": object.__new__, "_cls": cls}
+    lines = ["def copy(value):", "    made = _new(_cls)"]
+    for index, name in enumerate(names):
+        slot = cls.__dict__.get(name)
+        if not isinstance(slot, types.MemberDescriptorType):
+            raise TypeError(f"{cls.__name__}.{name} is not a slot: slot_copier needs slots=True")
+        namespace[f"_set{index}"] = slot.__set__
+        lines.append(f"    _set{index}(made, value.{name})")
+    lines.append("    return made")
+    exec("\n".join(lines) + "\n", namespace)  # source built from field names only
+    copy = namespace["copy"]
+    assert isinstance(copy, types.FunctionType)
+    copy.__qualname__ = copy.__name__ = f"copy_{cls.__name__}"
+    return typing.cast(Callable[[T], T], copy)
 
 
 def original_init(cls: type) -> Callable[..., None]:
@@ -82,7 +108,7 @@ def _install(cls: type) -> None:
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
     source = f"def __init__({params}) -> None:\n" + ("\n".join(body) or "    pass") + "\n"
-    exec(source, namespace)
+    exec(source, namespace)  # source built from field names only, once per class
     init = namespace["__init__"]
     assert isinstance(init, types.FunctionType)
     original = cls.__dict__["__init__"]

@@ -22,9 +22,7 @@ label and a counter, so a replay mints the same ids.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -41,6 +39,7 @@ from torpor.processors.fold.effects import (
 from torpor.processors.fold.history import advance_bytes
 from torpor.processors.fold.state import Facts, ThreadState
 from torpor.schemas.codec import canonical_bytes
+from torpor.schemas.frozen import slot_copier
 from torpor.schemas.ids import derive_id, fork_creation_id
 from torpor.schemas.records import (
     ContentBlock,
@@ -58,16 +57,8 @@ from torpor.schemas.records import (
 PROCESSOR_SOURCE = "processor"
 
 
-_SLOTS: Final[tuple[types.MemberDescriptorType, ...]] = tuple(
-    getattr(ThreadState, f.name) for f in dataclasses.fields(ThreadState))
-
-
-def _own_copy(state: ThreadState) -> ThreadState:
-    """A field-for-field copy of `state` for one draft to change in place (module docstring)."""
-    copy = object.__new__(ThreadState)
-    for slot in _SLOTS:
-        slot.__set__(copy, slot.__get__(state))
-    return copy
+_own_copy: Final = slot_copier(ThreadState)
+"""A field-for-field copy of a state for one draft to change in place (module docstring)."""
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
