@@ -161,6 +161,22 @@ _KEYS = st.sampled_from([b"k%d" % i for i in range(6)])
 _BATCHES = st.lists(st.lists(st.tuples(_KEYS, st.none() | st.binary(max_size=40)), max_size=5), max_size=12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(batches=_BATCHES, cache_bytes=st.sampled_from([80, 200, 1 << 20]))
+def test_a_row_cache_counts_exactly_the_bytes_of_the_rows_it_holds(
+    batches: list[list[Change]], cache_bytes: int
+) -> None:
+    cache = RowCache(cache_bytes)
+    for batch in batches:
+        cache.remember(batch)
+        held = cache._rows  # the accounting itself is what is checked
+        assert cache._bytes == sum(len(k) + len(v or b"") + 64 for k, v in held.items())
+        assert cache._bytes <= cache_bytes
+        last = dict(batch)
+        for key, value in last.items():
+            assert cache.lookup(key) in ((True, value), (False, None))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=_BATCHES, cache_bytes=st.sampled_from([0, 80, 200, 1 << 20]))
 def test_a_rocks_store_reads_what_a_memory_store_reads_whatever_its_row_cache_holds(
