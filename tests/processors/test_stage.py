@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from tests.processors.fold_scenarios import completion, control, create, user
 from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.fold.history import chain
 from torpor.processors.models.provider import (
     CompletionRequest,
     Finished,
@@ -22,9 +24,21 @@ from torpor.processors.models.provider import (
 from torpor.processors.models.providers.errors import RateLimitedError
 from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.step import StepRecord, step
+from torpor.processors.store import keys
 from torpor.processors.store.kv import MemoryStore
+from torpor.processors.store.statecodec import encode_entry
 from torpor.processors.store.tables import HistoryCache, load_state, visible_entries
-from torpor.schemas.records import Completion, Input, InputBody, TextBlock, ThreadEvent, Usage
+from torpor.schemas.records import (
+    Completion,
+    HistoryEntry,
+    Input,
+    InputBody,
+    SummaryEntry,
+    TextBlock,
+    ThreadEvent,
+    Usage,
+    UserEntry,
+)
 
 FAST = StageConfig(backoff_initial_s=0.001, backoff_max_s=0.002, max_attempts=3)
 
@@ -280,6 +294,25 @@ def test_a_thread_deleted_and_created_again_is_not_served_its_old_history() -> N
     fresh = cache.visible(store, state, second.history_len)
     assert fresh == visible_entries(store, "t1", 0, second.history_len)
     assert fresh != old
+
+
+def test_a_cached_thread_whose_history_gains_a_summary_is_served_from_the_summary_on() -> None:
+    store = MemoryStore()
+    cache = HistoryCache(capacity=64)
+    request = thread_awaiting_model(store)
+    state = load_state(store, "t1")
+    assert state is not None
+    first = cache.visible(store, state, request.history_len)  # cached, summary-free
+    summary = HistoryEntry(len(first), 2_000, "m-sum", SummaryEntry("what happened", len(first)))
+    after = HistoryEntry(len(first) + 1, 2_000, "m-after", UserEntry((TextBlock("and then"),), False))
+    # What the step writes for an appended summary: the entry and the summary row, in one batch.
+    store.apply([(keys.history_key("t1", summary.seq), encode_entry(summary)),
+                 (keys.summary_key("t1"), keys.encode_seq(summary.seq)),
+                 (keys.history_key("t1", after.seq), encode_entry(after))])
+    grown = dataclasses.replace(state, history_len=after.seq + 1, head=chain((*first, summary, after)))
+    served = cache.visible(store, grown, grown.history_len)
+    assert served == visible_entries(store, "t1", 0, grown.history_len) == (summary, after)
+    assert cache.visible(store, grown, grown.history_len) == (summary, after)  # and again, uncached
 
 
 def test_the_history_cache_keeps_at_most_its_capacity_of_entries() -> None:

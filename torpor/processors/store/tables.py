@@ -222,11 +222,7 @@ class HistoryCache:
     def visible(self, store: Store, state: ThreadState, up_to_seq: int) -> tuple[HistoryEntry, ...]:
         """What `visible_entries(store, thread, 0, up_to_seq)` returns, for `state`'s thread."""
         thread_id = state.thread_id
-        if (
-            self._capacity == 0
-            or up_to_seq != state.history_len
-            or latest_summary_seq(store, thread_id) is not None
-        ):
+        if self._capacity == 0 or up_to_seq != state.history_len:
             return visible_entries(store, thread_id, 0, up_to_seq)
         cached = self._threads.pop(thread_id, None)
         entries: tuple[HistoryEntry, ...] | None = None
@@ -234,9 +230,14 @@ class HistoryCache:
             self._entries -= len(cached.entries)
             if cached.length <= up_to_seq:
                 new, head = _read_chained(store, thread_id, cached.length, up_to_seq, cached.head)
-                if head == state.head:
+                # The summary row is written with its SummaryEntry, in one batch: a chain that
+                # ends on the state's head through entries without one has none, so the
+                # summary row is not read (a RocksDB read that misses, per completion).
+                if head == state.head and not any(isinstance(e.body, SummaryEntry) for e in new):
                     entries = cached.entries + new
         if entries is None:
+            if latest_summary_seq(store, thread_id) is not None:
+                return visible_entries(store, thread_id, 0, up_to_seq)
             entries, head = _read_chained(store, thread_id, 0, up_to_seq, GENESIS_HEAD)
             if head != state.head:
                 return entries  # read while the thread changed under us: serve it, do not keep it
