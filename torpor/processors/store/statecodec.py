@@ -74,6 +74,10 @@ def _identity(value: object) -> object:
     return value
 
 
+def _as_list(value: object) -> object:
+    return list(typing.cast(tuple[object, ...], value))
+
+
 def _converter(tp: object, where: str) -> tuple[_Convert, _Convert]:
     """(to_json, from_json) for one field type."""
     if tp in _SCALARS:
@@ -91,7 +95,7 @@ def _converter(tp: object, where: str) -> tuple[_Convert, _Convert]:
         members = tuple(a for a in args if a is not type(None))
         optional = len(members) < len(args)
         to, frm = _converter(members[0], where) if len(members) == 1 else _tagged(members, where)
-        if not optional:
+        if not optional or (to is _identity and frm is _identity):  # `X | None` of a scalar X
             return to, frm
         return (lambda v: None if v is None else to(v)), (lambda d: None if d is None else frm(d))
     if typing.get_origin(tp) is tuple:
@@ -99,6 +103,8 @@ def _converter(tp: object, where: str) -> tuple[_Convert, _Convert]:
         if len(args) != 2 or args[1] is not Ellipsis:
             raise TypeError(f"{where}: only tuple[X, ...] is supported, not {tp!r}")
         item_to, item_from = _converter(args[0], where)
+        if item_to is _identity:  # a tuple of scalars: its JSON array is its items as they are
+            return _as_list, (lambda d: tuple(typing.cast(list[object], d)))
         return (
             lambda v: [item_to(x) for x in typing.cast(tuple[object, ...], v)],
             lambda d: tuple(item_from(x) for x in typing.cast(list[object], d)),
@@ -257,24 +263,53 @@ def _parts(value: object, earlier: tuple[_Values, _Parts] | None) -> tuple[_Valu
     one before it (`Draft` copies references) re-encodes only the fields its input changed."""
     cls: type = type(value)
     values: _Values = _values_of(cls)(value)
-    plan = _text_plan(cls)
+    writers = _writers(cls)
     if earlier is None:
-        return values, tuple(_piece(step, field) for step, field in zip(plan, values, strict=True))
+        return values, tuple(map(_write, writers, values))
     previous, pieces = earlier
     parts = list(pieces)
     # The fields holding another object than `earlier`'s, found by one C-level pass (an
     # input changes a handful of a state's 25 fields): only those are written again.
     for index in itertools.compress(range(len(values)), map(operator.is_not, values, previous)):
-        parts[index] = _piece(plan[index], values[index])
+        parts[index] = writers[index](values[index])
     return values, tuple(parts)
 
 
-def _piece(step: tuple[str, str, _Convert, bool], field_value: object) -> str:
-    """One field's `"name":text` piece (`step`: its `_text_plan` entry)."""
-    _, prefix, to, composite = step
-    if composite and field_value is not None:
-        return prefix + _composite_text(field_value, to)
-    return prefix + _scalar_text(to(field_value))
+_Writer = Callable[[object], str]
+
+
+def _write(writer: _Writer, field_value: object) -> str:
+    return writer(field_value)
+
+
+@functools.cache
+def _writers(cls: type) -> tuple[_Writer, ...]:
+    """Per field of `cls`, in `_text_plan` order: the function writing its `"name":text` piece."""
+    return tuple(_writer(prefix, to, composite) for _, prefix, to, composite in _text_plan(cls))
+
+
+def _writer(prefix: str, to: _Convert, composite: bool) -> _Writer:
+    """One field's piece writer: a composite's text is remembered by identity (`_composite_text`);
+    a scalar field that needs no conversion (most of a state's changes) is written at once."""
+    if composite:
+        def write_composite(field_value: object) -> str:
+            if field_value is None:
+                return prefix + "null"
+            return prefix + _composite_text(field_value, to)
+        return write_composite
+    if to is _identity:
+        def write_plain(field_value: object) -> str:
+            kind = type(field_value)
+            if kind is str:
+                return prefix + _encode_str(typing.cast(str, field_value))
+            if kind is int:
+                return prefix + int.__repr__(typing.cast(int, field_value))
+            return prefix + _scalar_text(field_value)
+        return write_plain
+
+    def write_converted(field_value: object) -> str:
+        return prefix + _scalar_text(to(field_value))
+    return write_converted
 
 
 def _joined(parts: _Parts) -> bytes:
