@@ -40,6 +40,7 @@ HEX_DIGITS: Final = 32
 ID_LENGTH: Final = len(PREFIX) + HEX_DIGITS
 MAX_ID_LENGTH: Final = 256
 ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._:@/+=~-]{1,256}")
+_sha256: Final = hashlib.sha256
 
 
 def id_problem(value: str) -> str | None:
@@ -61,12 +62,15 @@ def derive_id(base: str, *parts: str) -> str:
     language. Raises `UnicodeEncodeError` for a string that is not valid Unicode text
     (a lone surrogate), which no wire id can contain.
     """
-    message = bytearray(DOMAIN)  # hashed in one call: an update per piece cost twice as much
-    for text in (base, *parts):
+    # Joined once and hashed in one call: an update per piece cost twice as much, and
+    # growing a bytearray a fifth more than this.
+    data = base.encode("utf-8")
+    chunks = [DOMAIN, len(data).to_bytes(4, "big"), data]
+    for text in parts:
         data = text.encode("utf-8")
-        message += len(data).to_bytes(4, "big")
-        message += data
-    return PREFIX + hashlib.sha256(message).hexdigest()[:HEX_DIGITS]
+        chunks.append(len(data).to_bytes(4, "big"))
+        chunks.append(data)
+    return PREFIX + _sha256(b"".join(chunks)).hexdigest()[:HEX_DIGITS]
 
 
 def fork_creation_id(control_id: str, new_thread_id: str) -> str:
