@@ -22,7 +22,6 @@ label and a counter, so a replay mints the same ids.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -53,6 +52,7 @@ from torpor.schemas.records import (
     ThreadConfig,
     ThreadEvent,
 )
+from torpor.schemas.sortedjson import sorted_json
 
 PROCESSOR_SOURCE = "processor"
 
@@ -62,7 +62,7 @@ _own_copy: Final = slot_copier(ThreadState)
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
-_json_text: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+_json_text: Final = sorted_json(ensure_ascii=True)
 
 
 def json_text(value: object) -> str:

@@ -49,6 +49,7 @@ from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import ThreadState
 from torpor.schemas.codec import canonical_bytes, decode_value, encode_value, single_object_header
 from torpor.schemas.records import HistoryEntry, Input, ThreadConfig
+from torpor.schemas.sortedjson import sorted_json
 
 T = TypeVar("T")
 Json = object
@@ -172,7 +173,7 @@ def _record_from(cls: type, datum: object) -> object:
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
-_dumps: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_dumps: Final = sorted_json(ensure_ascii=False)
 
 _Plan = tuple[tuple[str, _Convert, _Convert], ...]
 
