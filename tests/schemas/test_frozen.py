@@ -15,11 +15,12 @@ import torpor.processors.fold.effects
 import torpor.processors.fold.state
 import torpor.processors.step
 import torpor.schemas.records
+import torpor.streams.log
 from torpor.schemas.frozen import fast_inits, original_init, slot_copier
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 
 MODULES = (torpor.schemas.records, torpor.processors.fold.state, torpor.processors.fold.effects,
-           torpor.processors.fold.authority, torpor.processors.step)
+           torpor.processors.fold.authority, torpor.processors.step, torpor.streams.log)
 REPLACED = tuple(
     value for module in MODULES for value in vars(module).values()
     if isinstance(value, type) and value.__module__ == module.__name__ and dataclasses.is_dataclass(value)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from torpor.schemas.frozen import fast_inits
 from torpor.streams.partitioner import partition_for
 
 V = TypeVar("V")
@@ -123,3 +124,8 @@ class InProcessLog:
         for partition in range(topic.partitions):
             out.extend(self.read(topic, partition, 0))
         return tuple(out)
+
+
+# A record is built per append (several per input in local mode): a faster __init__, same
+# signature (torpor.schemas.frozen).
+fast_inits(__name__)
