@@ -25,6 +25,7 @@ REPLACED = tuple(
     value for module in MODULES for value in vars(module).values()
     if isinstance(value, type) and value.__module__ == module.__name__ and dataclasses.is_dataclass(value)
     and value.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    and "__slots__" in value.__dict__  # LogTopic has none (a generic alias sets `__orig_class__`)
 )
 
 
