@@ -13,14 +13,21 @@ import pytest
 import torpor.processors.fold.authority
 import torpor.processors.fold.effects
 import torpor.processors.fold.state
+import torpor.processors.models.provider
+import torpor.processors.models.stage
 import torpor.processors.step
+import torpor.processors.store.tables
+import torpor.schemas.codec
+import torpor.schemas.framing
 import torpor.schemas.records
 import torpor.streams.log
 from torpor.schemas.frozen import fast_inits, original_init, slot_copier
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 
 MODULES = (torpor.schemas.records, torpor.processors.fold.state, torpor.processors.fold.effects,
-           torpor.processors.fold.authority, torpor.processors.step, torpor.streams.log)
+           torpor.processors.fold.authority, torpor.processors.step, torpor.streams.log,
+           torpor.processors.models.provider, torpor.processors.models.stage,
+           torpor.processors.store.tables, torpor.schemas.codec, torpor.schemas.framing)
 REPLACED = tuple(
     value for module in MODULES for value in vars(module).values()
     if isinstance(value, type) and value.__module__ == module.__name__ and dataclasses.is_dataclass(value)
@@ -39,7 +46,11 @@ def test_every_frozen_record_of_the_hot_modules_has_the_fast_init() -> None:
 def test_the_fast_init_has_the_generated_signature_and_stores_the_same_fields(cls: type) -> None:
     assert inspect.signature(cls.__init__) == inspect.signature(original_init(cls))
     names = [f.name for f in dataclasses.fields(cls)]
-    values = [object() for _ in names]
+    if hasattr(cls, "__post_init__"):  # it validates: the defaults (every such class has them)
+        values = [f.default for f in dataclasses.fields(cls)]
+        assert dataclasses.MISSING not in values
+    else:
+        values = [object() for _ in names]
     fast = cls(**dict(zip(names, values, strict=True)))
     generated = object.__new__(cls)
     original_init(cls)(generated, *values)

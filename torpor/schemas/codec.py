@@ -56,6 +56,7 @@ from torpor.schemas import framing
 from torpor.schemas.avrowriter import NotWritable, record_writer
 from torpor.schemas.convert import NAMESPACE, RecordPlan, plan_for
 from torpor.schemas.errors import ContractError, DecodeError, SchemaMismatchError
+from torpor.schemas.frozen import fast_inits
 from torpor.schemas.registry import SchemaRegistry
 
 T = TypeVar("T")
@@ -574,3 +575,7 @@ def decode_value(
     use `Codec`), or a body that does not decode.
     """
     return default_codec().decode(topic, data, cls, partition=partition, offset=offset)
+
+
+# Built per input or per completion: a faster __init__, same signature (torpor.schemas.frozen).
+fast_inits(__name__)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from torpor.schemas.errors import DecodeError
+from torpor.schemas.frozen import fast_inits
 
 SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
 CONFLUENT_MAGIC: Final = b"\x00"
@@ -197,3 +198,7 @@ def unframe(
     else:
         cause = f"unknown magic bytes {bytes(data[:2]).hex()} (expected c301 or 00)"
     raise DecodeError(cause, topic=topic, partition=partition, offset=offset)
+
+
+# Built per input or per completion: a faster __init__, same signature (torpor.schemas.frozen).
+fast_inits(__name__)

@@ -56,6 +56,7 @@ from torpor.processors.models.provider import (
 from torpor.processors.store.kv import Store
 from torpor.processors.store.tables import HistoryCache, awaiting_requests, load_state
 from torpor.schemas.codec import encode_value
+from torpor.schemas.frozen import fast_inits
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, Usage
 from torpor.streams.config import MAX_INPUT_BYTES_CEILING
@@ -382,3 +383,7 @@ class _Deltas:
         if self._texts:
             text, self._texts = "".join(self._texts), []
             self._publish(self._first, text)
+
+
+# Built per input or per completion: a faster __init__, same signature (torpor.schemas.frozen).
+fast_inits(__name__)

@@ -26,6 +26,7 @@ from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
 from torpor.processors.store.statecodec import decode_entry, decode_request, decode_state, entry_canonical
+from torpor.schemas.frozen import fast_inits
 from torpor.schemas.records import HistoryEntry, SummaryEntry
 
 
@@ -251,3 +252,7 @@ class HistoryCache:
     def __len__(self) -> int:
         """How many threads are held."""
         return len(self._threads)
+
+
+# Built per input or per completion: a faster __init__, same signature (torpor.schemas.frozen).
+fast_inits(__name__)
