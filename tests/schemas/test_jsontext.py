@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torpor.connectors.approvals import DEPLOY_SPEC
@@ -198,3 +198,28 @@ def test_a_tool_spec_needs_an_object_schema_for_its_arguments() -> None:
         "parameters: not an object schema (a tool's arguments are a JSON object)")
     assert (tool_spec_problem(ToolSpec("t", "", "{}", '{"pattern": "(?=a)"}', False, None)) or "").startswith(
         "result_schema: pattern")
+
+
+def _loads_outcome(text: str) -> object:
+    def refuse(name: str) -> object:
+        raise JsonTextError(f"not JSON: {name} is not a JSON number")
+    try:
+        return ("value", json.loads(text, parse_constant=refuse))
+    except JsonTextError as error:
+        return ("error", str(error))
+    except ValueError as error:
+        return ("error", f"not JSON: {error}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=30) | st.text(alphabet='\ufeff[]{}",:0123456789.eE-NaIfinty \\u', max_size=30))
+def test_parse_json_says_what_json_loads_said_for_any_text(text: str) -> None:
+    """The one reused decoder reads and refuses exactly as `json.loads` with the option did."""
+    try:
+        outcome: object = ("value", parse_json(text))
+    except JsonTextError as error:
+        outcome = ("error", str(error))
+    expected = _loads_outcome(text)
+    if text.count("[") + text.count("{") > MAX_DEPTH:  # the depth scan may refuse first
+        return
+    assert repr(outcome) == repr(expected)

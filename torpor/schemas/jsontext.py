@@ -96,7 +96,9 @@ def parse_json(text: str, *, max_depth: int = MAX_DEPTH) -> object:
     if text.count("[") + text.count("{") > max_depth:  # else it cannot nest too deep: skip the scan
         _check_depth(text, max_depth)
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        if isinstance(text, str) and not text.startswith("\ufeff"):
+            return _DECODER.decode(text)
+        return json.loads(text, parse_constant=_refuse_constant)  # its own words for a BOM or bytes
     except JsonTextError:
         raise
     except ValueError as error:  # JSONDecodeError, or an integer past Python's digit limit
@@ -117,6 +119,11 @@ def _check_depth(text: str, max_depth: int) -> None:
 
 def _refuse_constant(name: str) -> object:
     raise JsonTextError(f"not JSON: {name} is not a JSON number")
+
+
+# One decoder for every call: `json.loads` with an option builds a new one each time (what
+# it does then is this decoder's `decode`, after its check for a BOM and for bytes).
+_DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
 class Validator:
