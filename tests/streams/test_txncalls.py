@@ -8,6 +8,7 @@ broker case is `test_loop.py::test_a_commit_that_times_out_is_resumed_not_aborte
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -22,9 +23,11 @@ from torpor.streams.txncalls import (
     RetriesExhaustedError,
     TxnCall,
     UnrecoverableCallError,
+    WatchdogExpiredError,
     backoff,
     remedy,
     run_call,
+    watched,
 )
 
 TIMED_OUT = KafkaError(KafkaError._TIMED_OUT,
@@ -113,3 +116,28 @@ def test_an_abortable_commit_asks_for_an_abort_and_an_abortable_abort_exits() ->
         run_call(TxnCall.ABORT, failing(ABORTABLE), per_call=1.0, budget=Deadline.after(60), grace=5.0)
     with pytest.raises(FencedError):
         run_call(TxnCall.COMMIT, failing(FENCED), per_call=1.0, budget=Deadline.after(60), grace=5.0)
+
+
+def test_a_hung_call_is_declared_hung_and_the_next_call_gets_a_fresh_worker() -> None:
+    release = threading.Event()
+    try:
+        with pytest.raises(WatchdogExpiredError, match=r"commit_transaction did not return within 0\.1s"):
+            watched("commit_transaction", lambda timeout: release.wait(30), 0.05, 0.05)
+        # The hung call still holds its worker: a call queued behind it would be declared hung too.
+        assert watched("abort_transaction", lambda timeout: "aborted", 30.0, 30.0) == "aborted"
+    finally:
+        release.set()  # let the abandoned worker's call end
+
+
+def test_watched_calls_run_off_the_calling_thread_on_one_worker_per_caller() -> None:
+    def runner(timeout: float) -> str:
+        return threading.current_thread().name
+
+    here = threading.current_thread().name
+    first = watched("commit_transaction", runner, 1.0, 1.0)
+    assert first != here and watched("commit_transaction", runner, 1.0, 1.0) == first  # reused
+    elsewhere: list[str] = []
+    other = threading.Thread(target=lambda: elsewhere.append(watched("commit_transaction", runner, 1.0, 1.0)))
+    other.start()
+    other.join(30)
+    assert elsewhere and elsewhere[0] not in (first, here)  # another caller's calls never queue behind ours
