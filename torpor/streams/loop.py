@@ -17,9 +17,9 @@ one method each, numbered here and in the bodies:
 4. commit   every `commit_interval` seconds or `commit_every` records, and as soon as
             a poll finds nothing more waiting once the checkpoint is `commit_linger` old
             (the next hop of a turn waits for this commit; under load the interval and
-            size bound the transaction): flush
-            (delivery failures abort), `send_offsets_to_transaction` with fresh consumer
-            group metadata (KIP-447: a zombie is fenced), `commit_transaction`.
+            size bound the transaction): `send_offsets_to_transaction` with fresh
+            consumer group metadata (KIP-447: a zombie is fenced), flush (delivery
+            failures abort), `commit_transaction`.
 5. apply    only after the commit succeeded, each task writes its overlay to its store
             in one batch, with the changelog offset and the input offset it reaches.
             RocksDB may lag the transaction (restore catches it up), never lead it.
@@ -127,6 +127,8 @@ log: Final = logging.getLogger(__name__)
 
 _ANY_PARTITION: Final = -1
 
+_OnDelivery = Callable[[KafkaError | None, Message], None]
+
 # Renewals of the producer in a row, without a commit in between, before the loop gives up
 # and exits: one failover needs one; more means the renewal does not help.
 MAX_RENEWALS: Final = 3
@@ -208,19 +210,25 @@ class _Checkpoint:
     started: float
     records: int = 0
     next_offsets: dict[int, int] = field(default_factory=dict)
-    # Offsets of changelog records the broker acknowledged, per partition (delivery reports).
+    # The offset of each partition's checkpoint record, the last changelog record the
+    # transaction writes there (delivery reports): what phase 5 stores as reached.
     changelog_acked: dict[int, int] = field(default_factory=dict)
     delivery_error: KafkaError | None = None
-    changelog_topic: str = ""
 
     def delivered(self, error: KafkaError | None, message: Message) -> None:
-        """librdkafka's delivery report of a record of this checkpoint (one callback for all)."""
+        """librdkafka's delivery report of a checkpoint record.
+
+        Only checkpoint records ask for one: a Python call per record cost the loop's
+        thread some 2,000 calls a checkpoint. Any other record that fails fails the
+        transaction (librdkafka makes it abortable: "N message(s) failed delivery"), so
+        `send_offsets_to_transaction` or `commit_transaction` reports it.
+        """
         if error is not None:
             self.delivery_error = self.delivery_error or error
-        elif message.topic() == self.changelog_topic:
-            part, offset = message.partition(), message.offset()
-            if part is not None and offset is not None:
-                self.changelog_acked[part] = max(offset, self.changelog_acked.get(part, -1))
+            return
+        part, offset = message.partition(), message.offset()
+        if part is not None and offset is not None:
+            self.changelog_acked[part] = max(offset, self.changelog_acked.get(part, -1))
 
 
 class CheckpointLoop:
@@ -282,7 +290,6 @@ class CheckpointLoop:
             messages = self._consumer.consume(settings.max_batch, timeout=0)
             if messages:
                 self._fold(messages)
-            self._producer.poll(0)  # serve delivery reports between commits
             lingered = self._lingered()
             if self._is_due() or (not messages and lingered is not None and lingered <= 0):
                 # Due by time or size under load; and as soon as nothing more is waiting
@@ -292,6 +299,10 @@ class CheckpointLoop:
                 lingered = None
             if messages:
                 continue
+            # Delivery reports (and librdkafka's logs) are served here and by the commit's
+            # flush, not on every pass: each call lets go of the GIL, and under load the
+            # model stage's thread took it for up to a switch interval (5 ms) each time.
+            self._producer.poll(0)
             if until_idle and self._is_idle():
                 log.info("caught up and idle: stopping", extra={"partition": sorted(self._owned)})
                 break
@@ -357,7 +368,7 @@ class CheckpointLoop:
         except KafkaException as exc:
             raise translate(exc, operation="begin_transaction") from exc
         self._transaction_started = time.monotonic()
-        self._checkpoint = _Checkpoint(time.monotonic(), changelog_topic=self._settings.changelog_topic)
+        self._checkpoint = _Checkpoint(time.monotonic())
         return self._checkpoint
 
     # --- phases 2 and 3: process, produce ------------------------------------------
@@ -366,17 +377,17 @@ class CheckpointLoop:
         """Phase 2: fold `records` into the partition's overlay; phase 3: produce the results."""
         output = self._owned[partition].task.process(records)
         for out in output.records:
-            self._produce(checkpoint, out)
+            self._produce(out)
         changelog = self._settings.changelog_topic
         for key, value in output.changes:
-            self._produce(checkpoint, OutputRecord(changelog, key, value, partition=partition))
+            self._produce(OutputRecord(changelog, key, value, partition=partition))
         faults.point("mid_transaction")
         checkpoint.records += len(records)
         checkpoint.next_offsets[partition] = records[-1].offset + 1
 
-    def _produce(self, checkpoint: _Checkpoint, out: OutputRecord) -> None:
-        # A checkpoint produces some thousands of records: one callback for all of them,
-        # and a deadline only once the queue is found full.
+    def _produce(self, out: OutputRecord, on_delivery: _OnDelivery | None = None) -> None:
+        # A checkpoint produces some thousands of records: a deadline only once the queue is
+        # found full, and a delivery report only when asked for (the checkpoint records).
         deadline: Deadline | None = None
         while True:
             try:
@@ -384,7 +395,7 @@ class CheckpointLoop:
                     out.topic, value=out.value, key=out.key,
                     # -1 is librdkafka's "let the partitioner choose" (murmur2, by key).
                     partition=_ANY_PARTITION if out.partition is None else out.partition,
-                    headers=list(out.headers) or None, on_delivery=checkpoint.delivered,
+                    headers=list(out.headers) if out.headers else None, on_delivery=on_delivery,
                 )
                 return
             except BufferError:
@@ -425,10 +436,10 @@ class CheckpointLoop:
         started = time.monotonic()
         try:
             for partition, offset in checkpoint.next_offsets.items():  # phase 3, the last records
-                self._produce(checkpoint, OutputRecord(
+                self._produce(OutputRecord(
                     self._settings.changelog_topic, CHECKPOINT_KEY, encode_checkpoint(offset),
                     partition=partition, headers=((CHECKPOINT_HEADER, b""),),
-                ))
+                ), checkpoint.delivered)
             self._commit(checkpoint, deadline)  # phase 4
         except (CheckpointAbortedError, RetriableError) as error:
             self._abort(checkpoint, error)
@@ -443,19 +454,25 @@ class CheckpointLoop:
         return True
 
     def _commit(self, checkpoint: _Checkpoint, deadline: Deadline) -> None:
-        """Phase 4: flush, send the offsets with fresh group metadata, commit."""
-        self._flush(deadline)
-        if checkpoint.delivery_error is not None:
-            error = translate(checkpoint.delivery_error, operation="deliver a checkpoint record")
-            if isinstance(error, FencedError):
-                raise error
-            raise CheckpointAbortedError(str(error)) from error
+        """Phase 4: send the offsets with fresh group metadata, flush, commit.
+
+        The offsets go first: their two round trips to the coordinator overlap the
+        delivery of the checkpoint's last records, which the flush then waits for (and
+        whose reports it serves on this thread: a failed one aborts, and the changelog
+        offsets they carry are what phase 5 writes to the store).
+        """
         inputs = self._settings.inputs_topic
         offsets = [TopicPartition(inputs, p, o) for p, o in checkpoint.next_offsets.items()]
         metadata = self._consumer.consumer_group_metadata()
         self._call(TxnCall.SEND_OFFSETS,
                    lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
                    deadline)
+        self._flush(deadline)
+        if checkpoint.delivery_error is not None:
+            error = translate(checkpoint.delivery_error, operation="deliver a checkpoint record")
+            if isinstance(error, FencedError):
+                raise error
+            raise CheckpointAbortedError(str(error)) from error
         faults.point("before_commit")
         # Not the checkpoint's deadline: a commit that timed out can only be resumed.
         self._call(TxnCall.COMMIT, self._producer.commit_transaction, self._resume_deadline(deadline))
