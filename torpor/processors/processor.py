@@ -37,6 +37,7 @@ import asyncio
 import functools
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,22 +110,34 @@ class StageThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="torpor-model-stage", daemon=True)
         self._thread.start()
-        self._scheduled = 0  # calls handed over but not run yet: part of "in flight"
+        # Calls handed over but not run yet: part of "in flight". The first of a run wakes
+        # the loop (`call_soon_threadsafe` writes to its self-pipe); the ones handed over
+        # before it ran ride along. Each wake-up cost the caller a GIL hand-off: the
+        # checkpoint loop's thread waited up to a switch interval to get the GIL back.
+        self._pending: deque[Callable[[], object]] = deque()
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[[], object]) -> None:
-        """Run `fn` on the stage loop soon (from any thread)."""
+        """Run `fn` on the stage loop soon (from any thread), after the calls handed over before it."""
         with self._lock:
-            self._scheduled += 1
+            self._pending.append(fn)
+            if len(self._pending) > 1:
+                return  # a wake-up is on its way and runs this one too
+        self._loop.call_soon_threadsafe(self._run_pending)
 
-        def run() -> None:
+    def _run_pending(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                fn = self._pending[0]
             try:
                 fn()
+            except Exception:  # one failing hand-over must not strand those queued behind it
+                log.exception("a call handed to the model stage failed")
             finally:
                 with self._lock:
-                    self._scheduled -= 1
-
-        self._loop.call_soon_threadsafe(run)
+                    self._pending.popleft()
 
     def wait(self, coroutine: Coroutine[object, object, None], timeout: float) -> None:
         """Run `coroutine` on the stage loop and wait for it, at most `timeout` seconds."""
@@ -137,7 +150,7 @@ class StageThread:
 
     @property
     def scheduled(self) -> int:
-        return self._scheduled
+        return len(self._pending)
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
