@@ -312,7 +312,11 @@ class CheckpointLoop:
             wait = settings.poll_timeout if lingered is None else min(settings.poll_timeout, lingered)
             first = self._consumer.consume(1, timeout=wait)
             if first:
-                self._fold(first)
+                # Its fetch usually brought company: fold them together. Folded alone, the
+                # first record cost a step of its own (0.5-1.4 ms under bench.kafka, once per
+                # wait that ended with a record).
+                more = settings.max_batch - 1
+                self._fold(first + self._consumer.consume(more, timeout=0) if more else first)
         self._renewing(lambda: self.commit_checkpoint(Deadline.after(settings.transaction_timeout)))
 
     def _subscribe(self) -> None:
