@@ -99,6 +99,11 @@ def fill(bootstrap: str, topic: str, inputs: int) -> None:
     producer.flush(120)
 
 
+def _property(text: str) -> tuple[str, str]:
+    key, _, value = text.partition("=")
+    return key, value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--bootstrap", required=True)
@@ -113,9 +118,9 @@ def main() -> None:
     create_topics(admin, list(names.values()), 3)
     try:
         fill(args.bootstrap, names["inputs"], args.inputs)
-        overrides = tuple(tuple(p.split("=", 1)) for p in args.librdkafka)
-        settings = Settings(kafka=KafkaSettings(bootstrap_servers=args.bootstrap,
-                                                librdkafka_overrides=overrides))  # type: ignore[arg-type]
+        overrides = tuple(_property(text) for text in args.librdkafka)
+        kafka = KafkaSettings(bootstrap_servers=args.bootstrap, librdkafka_overrides=overrides)
+        settings = Settings(kafka=kafka)
         group = prefix + "group"
         loop = CheckpointLoop(
             make_consumer(settings, group, instance_id="i0"),
