@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tests.processors.fold_scenarios import completion, control, create, user
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.history import chain
+from torpor.processors.fold.state import ThreadState
 from torpor.processors.models.provider import (
     CompletionRequest,
     Finished,
@@ -278,12 +279,18 @@ def test_the_cached_history_of_a_thread_is_what_the_store_holds_at_every_turn() 
     assert len(model.histories[-1].history) > len(model.histories[0].history) > 0
 
 
-def test_a_thread_deleted_and_created_again_is_not_served_its_old_history() -> None:
+def _cached_thread_awaiting_model(
+        capacity: int) -> tuple[MemoryStore, HistoryCache, RequestCompletion, ThreadState]:
+    """A store with thread t1 awaiting the model, its state, and an empty history cache."""
     store = MemoryStore()
-    cache = HistoryCache(capacity=8)
-    first = thread_awaiting_model(store)
+    request = thread_awaiting_model(store)
     state = load_state(store, "t1")
     assert state is not None
+    return store, HistoryCache(capacity=capacity), request, state
+
+
+def test_a_thread_deleted_and_created_again_is_not_served_its_old_history() -> None:
+    store, cache, first, state = _cached_thread_awaiting_model(capacity=8)
     old = cache.visible(store, state, first.history_len)
     step(store, [StepRecord(envelope("m-delete", control("delete"), source="operator:o"), 0, 1)])
     assert load_state(store, "t1") is None
@@ -297,11 +304,7 @@ def test_a_thread_deleted_and_created_again_is_not_served_its_old_history() -> N
 
 
 def test_a_cached_thread_whose_history_gains_a_summary_is_served_from_the_summary_on() -> None:
-    store = MemoryStore()
-    cache = HistoryCache(capacity=64)
-    request = thread_awaiting_model(store)
-    state = load_state(store, "t1")
-    assert state is not None
+    store, cache, request, state = _cached_thread_awaiting_model(capacity=64)
     first = cache.visible(store, state, request.history_len)  # cached, summary-free
     summary = HistoryEntry(len(first), 2_000, "m-sum", SummaryEntry("what happened", len(first)))
     after = HistoryEntry(len(first) + 1, 2_000, "m-after", UserEntry((TextBlock("and then"),), False))
