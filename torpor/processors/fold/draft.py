@@ -59,10 +59,11 @@ from torpor.schemas.sortedjson import sorted_json
 PROCESSOR_SOURCE = "processor"
 
 
+# A field-for-field copy of a state for one draft to change in place (module docstring),
+# and each field's slot setter, to change it there.
 _own_copy: Final = slot_copier(ThreadState)
 _SET_FIELD: Final[dict[str, Callable[[ThreadState, object], None]]] = {
     f.name: ThreadState.__dict__[f.name].__set__ for f in dataclasses.fields(ThreadState)}
-"""A field-for-field copy of a state for one draft to change in place (module docstring)."""
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
