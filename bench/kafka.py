@@ -37,7 +37,7 @@ from confluent_kafka.admin import AdminClient
 
 from bench import figures, passthrough
 from bench.measure import cpu_seconds, dir_bytes, rss_bytes
-from bench.topics import create_topics, delete_topics, read_topic
+from bench.topics import create_topics, delete_topics, produce_queued, read_topic
 from bench.workload import (
     ARGUMENTS,
     CHUNKS,
@@ -322,12 +322,7 @@ def run(
 
         create_topics(admin, pt_topics, partitions)
         for partition, key, value in inputs:
-            while True:
-                try:
-                    producer.produce(pt_topics[0], key=key, value=value, partition=partition)
-                    break
-                except BufferError:  # 100,000 records queued: let deliveries drain it
-                    producer.poll(0.1)
+            produce_queued(producer, pt_topics[0], key, value, partition)
             producer.poll(0)
         producer.flush(120)
         config = ProcessorConfig(instance="unused", store_dir=work)

@@ -16,7 +16,6 @@ changes with this, back to back.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 import uuid
 from collections.abc import Sequence
@@ -25,7 +24,8 @@ from typing import Final
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from bench.topics import create_topics, delete_topics
+from bench.measure import cpu_seconds
+from bench.topics import create_topics, delete_topics, produce_queued
 from torpor.streams.clients import make_consumer, make_producer
 from torpor.streams.config import KafkaSettings, Settings
 from torpor.streams.loop import CheckpointLoop, LoopSettings
@@ -90,12 +90,7 @@ class OutputsOnly:
 def fill(bootstrap: str, topic: str, inputs: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": "murmur2_random"})
     for i in range(inputs):
-        while True:
-            try:
-                producer.produce(topic, key=f"agent-{i % 1000}".encode(), value=INPUT_VALUE)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_queued(producer, topic, f"agent-{i % 1000}".encode(), INPUT_VALUE)
     producer.flush(120)
 
 
@@ -129,11 +124,10 @@ def main() -> None:
             lambda partition: OutputsOnly(names),
             LoopSettings(names["inputs"], names["changelog"], commit_every=args.commit_every),
         )
-        wall, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        wall, cpu = time.perf_counter(), cpu_seconds()
         loop.run(lambda: False, until_idle=True)
-        after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall
+        cpu, wall = cpu_seconds() - cpu, time.perf_counter() - wall
         loop.close()
-        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
         print(f"loop: {args.inputs} inputs, {loop.commits} commits in {wall:.2f}s; CPU {cpu:.2f}s = "
               f"{cpu / args.inputs * 1e6:.1f} us per input")
     finally:

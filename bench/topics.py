@@ -3,7 +3,8 @@
 Contract. `read_topic(bootstrap, topic)` returns every committed record of `topic`
 (read_committed, all partitions, from the start up to the high watermark seen when it
 began) as (partition, key, value); `create_topics` creates topics and waits for them;
-`delete_topics` deletes them (best effort, a benchmark's cleanup).
+`delete_topics` deletes them (best effort, a benchmark's cleanup); `produce_queued`
+produces one record, waiting for deliveries to drain a full queue.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Final
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 READ_TIMEOUT_S: Final = 120.0
@@ -74,3 +75,13 @@ def delete_topics(admin: AdminClient, names: Sequence[str]) -> None:
             future.result(timeout=60)
         except Exception as error:
             print(f"warning: could not delete a topic: {error}")
+
+
+def produce_queued(producer: Producer, topic: str, key: bytes, value: bytes, partition: int = -1) -> None:
+    """`producer.produce`, waiting while librdkafka's queue is full (100,000 records queued)."""
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value, partition=partition)
+            return
+        except BufferError:  # let deliveries drain it
+            producer.poll(0.1)
