@@ -216,6 +216,9 @@ def test_the_page_forbids_inline_script_and_framing(ui: Inspected) -> None:
     assert _get(ui, "/api/thread/at?id=x&offset=-1", **{"X-Torpor-Token": token}).status_code == 400
     assert _get(ui, "/api/thread/at?id=x&offset=<b>", **{"X-Torpor-Token": token}).status_code == 400
     assert _get(ui, at, **{"X-Torpor-Token": token}).status_code == 404
+    for bad in ("a b", "<script>", "x" * 300, "%00"):  # ids no input can carry: refused, nothing re-folded
+        refused = _get(ui, f"/api/thread/at?id={bad}&offset=0", **{"X-Torpor-Token": token})
+        assert refused.status_code == 400 and "not a thread id" in refused.json()["error"], refused.text
 
 
 def test_a_ui_started_before_the_topics_exist_says_so_and_catches_up_once_they_do(

@@ -220,6 +220,8 @@ def create_app(config: UiConfig, *, feed: bool = True) -> Starlette:
         if not thread_id or offset < 0:
             return JSONResponse({"error": "which thread (?id=) at which input offset (&offset=)?"},
                                 status_code=400)
+        if (problem := id_problem(thread_id)) is not None:  # no input can name it: no re-fold for it
+            return JSONResponse({"error": f"not a thread id: {problem}"}, status_code=400)
         travel = config.time_travel
         if travel is None:
             return JSONResponse({"error": "time travel is not available in this server"}, status_code=501)
