@@ -11,6 +11,8 @@ After the prefix comes one byte naming the kind of row, then the row's own key::
     len|thread|H|seq(8 BE)       history entry `seq` (big-endian: scans come out in seq order)
     len|thread|M|message_id      message id seen (value empty): a redelivery is a duplicate
     len|thread|C                 the seq of the thread's latest SummaryEntry (8 BE)
+    len|thread|D                 the thread's tombstone: when it was last deleted (8 BE,
+                                 signed ms); stays while the thread is re-created
 
 Rows that belong to no thread use the empty thread id, `00000000`, which no thread can
 have (`Input.thread_id` is never empty):
@@ -31,11 +33,13 @@ from typing import Final
 
 _LEN: Final = struct.Struct(">I")
 _SEQ: Final = struct.Struct(">Q")
+_TIME: Final = struct.Struct(">q")  # an input's `created_at` is a signed Avro long
 
 STATE: Final = b"S"
 HISTORY: Final = b"H"
 SEEN: Final = b"M"
 SUMMARY: Final = b"C"
+DELETED: Final = b"D"
 AWAITING_MODEL: Final = b"W"
 META: Final = b"O"
 
@@ -75,6 +79,10 @@ def summary_key(thread_id: str) -> bytes:
     return thread_prefix(thread_id) + SUMMARY
 
 
+def deleted_key(thread_id: str) -> bytes:
+    return thread_prefix(thread_id) + DELETED
+
+
 def awaiting_model_prefix() -> bytes:
     return GLOBAL_PREFIX + AWAITING_MODEL
 
@@ -93,6 +101,15 @@ def encode_seq(seq: int) -> bytes:
 
 def decode_seq(raw: bytes) -> int:
     value: int = _SEQ.unpack(raw)[0]
+    return value
+
+
+def encode_time(ms: int) -> bytes:
+    return _TIME.pack(ms)
+
+
+def decode_time(raw: bytes) -> int:
+    value: int = _TIME.unpack(raw)[0]
     return value
 
 
