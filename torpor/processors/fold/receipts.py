@@ -8,8 +8,9 @@ from torpor.processors.fold.state import GENESIS_HEAD, Facts, ThreadState
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Input, Receipt
 
-RUNTIME_BUILD: Final = "torpor-fold/1"
-"""Names the fold's semantics: bump it when a change would judge a replayed input differently."""
+RUNTIME_BUILD: Final = "torpor-fold/2"
+"""Names the fold's semantics: bump it when a change would judge a replayed input differently.
+/2: a creation of a deleted thread made at or before its deletion is `rejected:thread_deleted`."""
 
 
 def build_receipt(input: Input, facts: Facts, disposition: str, reason: str | None,
