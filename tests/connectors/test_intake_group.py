@@ -3,9 +3,12 @@ synced write, and no tool is handed any of them before that write is synced."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from tests.connectors.test_journal import dispatch
+import pytest
+
+from tests.connectors.test_journal import answer, dispatch
 from torpor.connectors.intake import JournaledIntake
 from torpor.connectors.journal import EffectJournal, EffectState
 from torpor.schemas.codec import Codec
@@ -58,3 +61,72 @@ def test_a_redelivered_batch_runs_nothing_again(tmp_path: Path) -> None:
     intake.route_all(batch, first)
     intake.route_all(batch, again)  # the same records, redelivered after a lost offset commit
     assert len(first.handed) == 3 and again.handed == []
+
+
+class AnsweringTool:
+    """A performer that answers each invoke at once, inside `submit` (the bench tool does)."""
+
+    def __init__(self, send: Callable[[Input], None], fail_on: str | None = None) -> None:
+        self.send = send
+        self.fail_on = fail_on  # raise when handed this request (after answering the ones before)
+
+    def submit(self, handed: Dispatch) -> None:
+        if handed.request_id == self.fail_on:
+            raise RuntimeError("the tool broke")
+        self.send(answer(handed.request_id, handed.call_id))
+
+    def reconcile(self, dispatch: Dispatch) -> bool:
+        return False
+
+
+def _watched_intake(journal: EffectJournal, produced: list[tuple[str, int]]) -> JournaledIntake:
+    """An intake whose transport notes, for each record produced, how many syncs the journal had made."""
+    def produce(record: Input, _request: str | None) -> None:
+        produced.append((record.message_id, journal.syncs))
+
+    return JournaledIntake(journal, codec=Codec(), inputs_topic="t.inputs", max_bytes=262_144, signer=None,
+                           clock=lambda: 1, produce=produce)
+
+
+def test_answers_given_while_a_batch_is_handed_over_are_synced_once_before_any_is_produced(
+        tmp_path: Path) -> None:
+    journal = EffectJournal(tmp_path / "journal")
+    produced: list[tuple[str, int]] = []
+    intake = _watched_intake(journal, produced)
+    batch = [dispatch(f"rq{n}", f"c{n}") for n in range(5)]
+
+    intake.route_all(batch, AnsweringTool(intake.send))
+
+    assert journal.syncs == 2  # the batch's dispatches, then its answers: not one per answer
+    assert produced == [(f"rq{n}-result", 2) for n in range(5)]  # in order, none before the sync
+    assert all(_state(journal, f"rq{n}") is EffectState.DONE for n in range(5))
+    journal.close()
+    reopened = EffectJournal(tmp_path / "journal")  # what was synced is on disk
+    assert all(_state(reopened, f"rq{n}") is EffectState.DONE for n in range(5))
+
+
+def test_an_answer_sent_after_the_batch_is_synced_and_produced_on_its_own(tmp_path: Path) -> None:
+    journal = EffectJournal(tmp_path / "journal")
+    produced: list[tuple[str, int]] = []
+    intake = _watched_intake(journal, produced)
+    intake.route_all([dispatch("rq1", "c1")], SyncWatchingTool(journal))  # a tool that answers later
+
+    intake.send(answer("rq1", "c1"))
+
+    assert journal.syncs == 2 and produced == [("rq1-result", 2)]
+    assert _state(journal, "rq1") is EffectState.DONE
+
+
+def test_a_tool_that_raises_mid_batch_loses_none_of_the_answers_given_before(tmp_path: Path) -> None:
+    journal = EffectJournal(tmp_path / "journal")
+    produced: list[tuple[str, int]] = []
+    intake = _watched_intake(journal, produced)
+    batch = [dispatch(f"rq{n}", f"c{n}") for n in range(3)]
+
+    with pytest.raises(RuntimeError, match="the tool broke"):
+        intake.route_all(batch, AnsweringTool(intake.send, fail_on="rq2"))
+
+    assert produced == [("rq0-result", 2), ("rq1-result", 2)]  # synced, then produced
+    assert _state(journal, "rq2") is EffectState.DISPATCHED  # the next start reconciles it
+    intake.send(answer("rq9", "c9"))  # no batch open any more: a later answer goes out at once
+    assert produced[-1] == ("rq9-result", 2)

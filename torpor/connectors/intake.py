@@ -17,6 +17,9 @@ acknowledged a record produced with a request id (a call's final answer).
   would park unread as oversized is replaced by an error saying so), signs it when there
   is a signer, journals a final answer before producing it (`final_request`), and drops
   the late answer of a cancelled call.
+- `route_all(dispatches, performer)`: `route` for a batch, with group commit: one sync
+  for the batch's dispatches before any tool sees one, and one for the answers the tools
+  give while they are handed the batch, before any of those is produced.
 - `recover(performer)`: at start, before any dispatch is taken: finished but undelivered
   answers are re-sent; an effect that was running when the previous process died is
   `unknown`, and the performer's `reconcile(dispatch)` decides, before any retry, whether
@@ -116,6 +119,9 @@ class JournaledIntake:
         self._retention_ms = retention_ms
         self._fault = os.environ.get(FAULT_ENV) == AFTER_EFFECT
         self._last_prune = 0.0
+        # While `route_all` hands a batch to the tools: what they send, in order, produced
+        # once the batch's answers are synced (None: produce at once, each answer synced).
+        self._held: list[tuple[Input, str | None]] | None = None
         if signer is None:
             log.warning("no signing key: answers are produced unsigned (a processor with a key ring "
                         "refuses them as missing_signature)")
@@ -139,6 +145,9 @@ class JournaledIntake:
                 log.info("answer of a cancelled call dropped", extra={
                     "thread_id": record.thread_id, "message_id": record.message_id})
                 return  # the fold answered it as interrupted already: a late result is only noise
+        if self._held is not None:
+            self._held.append((record, request_id))
+            return
         self._produce(record, request_id)
 
     def delivered(self, request_id: str) -> None:
@@ -173,12 +182,28 @@ class JournaledIntake:
         """`route` each of `dispatches` with one synced journal write for all (group
         commit): each is journaled, the journal synced once, and only then is any of them
         passed on to `performer`, in order. A tool never starts an effect whose journal
-        row could still be lost."""
+        row could still be lost.
+
+        The answers the tools send while they are handed the batch (a tool that answers
+        at once) are group-committed too: their `done` rows are synced together when the
+        last dispatch is handed over, and only then is anything they sent produced, in
+        the order sent. An answer sent later (by a task) is synced on its own in `send`."""
         held = _HeldUntilSynced(performer)
         with self.journal.group():
             for dispatch in dispatches:
                 self.route(dispatch, held)
-        held.release()
+        sent: list[tuple[Input, str | None]] = []
+        self._held = sent
+        try:
+            with self.journal.group():
+                held.release()
+        finally:
+            self._held = None
+            # Even if a tool raised, what it finished is synced by now (unless the sync
+            # itself failed: then nothing goes out, and the next start re-sends it).
+            if self.journal.is_synced:
+                for record, request_id in sent:
+                    self._produce(record, request_id)
 
     def route(self, dispatch: Dispatch, performer: Performer) -> None:
         """Journal `dispatch` and pass it on to `performer` (module docstring). What either

@@ -29,10 +29,12 @@ sees the dispatch), `finish` (before the answer is produced), `restart`, `follow
 is not synced: losing it leaves the effect `done`, and its answer is re-sent at the next
 start, which the processor absorbs as a duplicate (the message id derives from the
 request id). Group commit: inside `with journal.group():` writes are not synced one by
-one; the block's end syncs them all at once (one fsync for a batch of dispatches), so a
+one; the block's end syncs them all at once (one fsync for a batch of dispatches, one for
+the answers given while they are handed over: `intake.JournaledIntake.route_all`), so a
 caller must let no tool see those dispatches, nor produce those answers, before the
-block ends. Because the journal owns an effect from `begin` on, the runtime may commit
-the dispatch's outbox offset at once: a week-long timer holds no offset back.
+block ends (`is_synced` says whether it has). Because the journal owns an effect from
+`begin` on, the runtime may commit the dispatch's outbox offset at once: a week-long
+timer holds no offset back.
 
 `prune(before_ms)` forgets delivered and cancelled effects older than a retention window
 (a dispatch redelivered after that would run again).
@@ -135,10 +137,15 @@ class EffectJournal:
         finally:
             self._grouped -= 1
             if self._grouped == 0 and self._unsynced:
-                self._unsynced = False
                 if self._rocks is not None:
                     self._rocks.flush_wal(True)
                     self.syncs += 1
+                self._unsynced = False  # only once synced: a sync that raised leaves it True
+
+    @property
+    def is_synced(self) -> bool:
+        """Every write that is to be synced is: nothing waits for a `group` to end."""
+        return not self._unsynced
 
     # --- writes ------------------------------------------------------------------------
 
