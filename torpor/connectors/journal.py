@@ -48,50 +48,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from torpor.schemas.codec import decode_value, encode_value
+from torpor.connectors.effectrow import FINISHED, Effect, EffectState, EncodedEffect, decode_row, encoded
 from torpor.schemas.records import Dispatch, Input
+
+__all__ = ["FINISHED", "KNOWN_EFFECTS", "Effect", "EffectJournal", "EffectState"]
 
 KNOWN_EFFECTS: Final = 4096
 """Effects kept in memory after they were written (`EffectJournal._known`): a few batches of calls."""
-_EFFECT: Final = b"e/"  # e/<request id> -> the effect, JSON
+_EFFECT: Final = b"e/"  # e/<request id> -> the effect (`effectrow`: its format)
 _CALL: Final = b"c/"  # c/<thread id>\0<call id> -> the request id of the call's latest invoke
-
-
-class EffectState(enum.StrEnum):
-    DISPATCHED = "dispatched"
-    DONE = "done"
-    DELIVERED = "delivered"
-    CANCELLED = "cancelled"
-    UNKNOWN = "unknown"
-
-
-FINISHED: Final = frozenset({EffectState.DONE, EffectState.DELIVERED, EffectState.CANCELLED})
-
-
-@dataclass(frozen=True, slots=True)
-class Effect:
-    """One journaled invoke: its dispatch, its state, its final answer once there is one."""
-
-    dispatch: Dispatch
-    state: EffectState
-    updated_at: int
-    answer: Input | None = None
-    # Dispatches for the running effect (approval decisions), replayed after a re-run.
-    followups: tuple[Dispatch, ...] = ()
-
-    @property
-    def request_id(self) -> str:
-        return self.dispatch.request_id
 
 
 class EffectJournal:
@@ -102,11 +74,12 @@ class EffectJournal:
         self._grouped = 0  # depth of `group()` blocks: inside one, writes wait for its sync
         self._unsynced = False  # a write inside the group is not synced yet
         self.syncs = 0  # synced writes so far (what group commit saves; read by tests and benchmarks)
-        # The effects this process wrote last, as written: the journal has one writer (RocksDB
-        # locks the directory), so they are what their rows decode to. A tool call reads its
-        # effect back three times (the answer, finish, delivered): without this, three JSON
-        # and Avro decodes. Bounded: the memory does not grow with the effects journaled.
-        self._known: OrderedDict[str, Effect] = OrderedDict()
+        # The effects this process wrote or read last, with their records' bytes: the journal
+        # has one writer (RocksDB locks the directory), so they are what their rows decode to.
+        # A tool call reads its effect back three times (the answer, finish, delivered) and
+        # rewrites it twice: without this, three decodes and the records encoded each time.
+        # Bounded: the memory does not grow with the effects journaled.
+        self._known: OrderedDict[str, EncodedEffect] = OrderedDict()
         self.on_moved: Callable[[Effect], None] | None = None  # module docstring
         self._db: MutableMapping[bytes, bytes]
         if path is None:
@@ -154,11 +127,11 @@ class EffectJournal:
         found = self.entry(dispatch.request_id)
         if found is not None:
             return found
-        effect = Effect(dispatch, EffectState.DISPATCHED, now_ms)
-        self._write_rows(((_effect_key(effect.request_id), _encode(effect)),
+        effect = encoded(Effect(dispatch, EffectState.DISPATCHED, now_ms))
+        self._write_rows(((_effect_key(dispatch.request_id), effect.row()),
                           (_call_key(dispatch.thread_id, dispatch.call_id), dispatch.request_id.encode())))
         self._remember(effect)
-        self._moved(effect)
+        self._moved(effect.effect)
         return None
 
     def restart(self, request_id: str, now_ms: int) -> None:
@@ -177,10 +150,11 @@ class EffectJournal:
         effect = self.entry(request_id)
         if effect is not None and effect.state == EffectState.DONE:
             # Not synced (module docstring): if a machine crash loses it, the answer is re-sent.
-            delivered = dataclasses.replace(effect, state=EffectState.DELIVERED, updated_at=now_ms)
-            self._write_rows(((_effect_key(request_id), _encode(delivered)),), durable=False)
+            delivered = self._encoded(dataclasses.replace(effect, state=EffectState.DELIVERED,
+                                                          updated_at=now_ms))
+            self._write_rows(((_effect_key(request_id), delivered.row()),), durable=False)
             self._remember(delivered)
-            self._moved(delivered)
+            self._moved(delivered.effect)
 
     def follow(self, dispatch: Dispatch, now_ms: int) -> bool:
         """Keep a dispatch for the call's running effect (an approval decision); False: none runs."""
@@ -245,14 +219,14 @@ class EffectJournal:
     def entry(self, request_id: str) -> Effect | None:
         known = self._known.get(request_id)
         if known is not None:
-            return known
+            return known.effect
         raw = self._get(_effect_key(request_id))
-        return None if raw is None else _decode(raw)
+        return None if raw is None else decode_row(raw).effect
 
     def effects(self) -> Iterator[Effect]:
         for key, value in list(self._db.items()):
             if key.startswith(_EFFECT):
-                yield _decode(value)
+                yield decode_row(value).effect
 
     def running(self) -> int:
         """Effects journaled but not finished: a tool still owes an answer for them."""
@@ -281,13 +255,19 @@ class EffectJournal:
             self.on_moved(effect)
 
     def _put(self, effect: Effect) -> None:
-        self._write(_effect_key(effect.request_id), _encode(effect))
-        self._remember(effect)
+        row = self._encoded(effect)
+        self._write(_effect_key(effect.request_id), row.row())
+        self._remember(row)
 
-    def _remember(self, effect: Effect) -> None:
+    def _encoded(self, effect: Effect) -> EncodedEffect:
+        """`effect` encoded, with the bytes of the records it shares with the one known before."""
+        return encoded(effect, self._known.get(effect.request_id))
+
+    def _remember(self, effect: EncodedEffect) -> None:
         """`effect` was just written: serve `entry` from memory (see `_known`)."""
-        self._known.pop(effect.request_id, None)
-        self._known[effect.request_id] = effect
+        request_id = effect.effect.request_id
+        self._known.pop(request_id, None)
+        self._known[request_id] = effect
         if len(self._known) > KNOWN_EFFECTS:
             self._known.popitem(last=False)
 
@@ -330,26 +310,3 @@ def _effect_key(request_id: str) -> bytes:
 
 def _call_key(thread_id: str, call_id: str) -> bytes:
     return _CALL + thread_id.encode("utf-8") + b"\x00" + call_id.encode("utf-8")
-
-
-def _encode(effect: Effect) -> bytes:
-    # Avro for the records (the wire contract), JSON around them: readable with ldb.
-    return json.dumps({
-        "state": effect.state.value,
-        "updated_at": effect.updated_at,
-        "dispatch": encode_value(effect.dispatch).hex(),
-        "answer": None if effect.answer is None else encode_value(effect.answer).hex(),
-        "followups": [encode_value(f).hex() for f in effect.followups],
-    }).encode("utf-8")
-
-
-def _decode(raw: bytes) -> Effect:
-    data = json.loads(raw)
-    answer = data["answer"]
-    return Effect(
-        dispatch=decode_value(bytes.fromhex(data["dispatch"]), Dispatch),
-        state=EffectState(data["state"]),
-        updated_at=int(data["updated_at"]),
-        answer=None if answer is None else decode_value(bytes.fromhex(answer), Input),
-        followups=tuple(decode_value(bytes.fromhex(f), Dispatch) for f in data.get("followups", ())),
-    )
