@@ -3,8 +3,8 @@
 Contract. One `JournaledIntake` over an `EffectJournal` in a temporary RocksDB directory
 (as `torpor connector run` keeps it) serves `bench.workload.BenchTool`: `--calls`
 `run_command` dispatches are routed in batches of `--batch` (`route_all`, as the
-connector runtime does with each poll), each answer encoded for `inputs` as the
-runtime's producer would (`Codec.encode`) and acknowledged at once (`delivered`). Prints
+connector runtime does with each poll), each answer (encoded for `inputs` by the intake)
+acknowledged at once (`delivered`). Prints
 CPU and wall time per call. What it leaves out: the consumer, the producer, the broker.
 Deterministic but for the syncs' wait, so it also runs under `valgrind --tool=callgrind`.
 """
@@ -31,8 +31,7 @@ def run(calls: int, batch: int) -> dict[str, float]:
     codec = Codec()
     acknowledged: list[str] = []
 
-    def produce(record: Input, request_id: str | None) -> None:
-        codec.encode("bench.inputs", record)
+    def produce(record: Input, request_id: str | None, value: bytes) -> None:
         if request_id is not None:
             acknowledged.append(request_id)
 

@@ -31,7 +31,7 @@ class SyncWatchingTool:
 
 def _intake(journal: EffectJournal, produced: list[Input]) -> JournaledIntake:
     return JournaledIntake(journal, codec=Codec(), inputs_topic="t.inputs", max_bytes=262_144, signer=None,
-                           clock=lambda: 1, produce=lambda record, _request: produced.append(record))
+                           clock=lambda: 1, produce=lambda record, _request, _value: produced.append(record))
 
 
 def test_a_batch_of_dispatches_is_synced_once_before_any_tool_sees_one(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ class AnsweringTool:
 
 def _watched_intake(journal: EffectJournal, produced: list[tuple[str, int]]) -> JournaledIntake:
     """An intake whose transport notes, for each record produced, how many syncs the journal had made."""
-    def produce(record: Input, _request: str | None) -> None:
+    def produce(record: Input, _request: str | None, _value: bytes) -> None:
         produced.append((record.message_id, journal.syncs))
 
     return JournaledIntake(journal, codec=Codec(), inputs_topic="t.inputs", max_bytes=262_144, signer=None,

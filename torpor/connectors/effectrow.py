@@ -83,22 +83,24 @@ class EncodedEffect:
         return b"".join(parts)
 
 
-def encoded(effect: Effect, like: EncodedEffect | None = None) -> EncodedEffect:
-    """`effect` with its records' bytes; those it shares with `like.effect` are not encoded again."""
+def encoded(effect: Effect, like: EncodedEffect | None = None, answer: bytes | None = None) -> EncodedEffect:
+    """`effect` with its records' bytes; those it shares with `like.effect` are not encoded
+    again, nor its answer if the caller has its single-object encoding (`answer`)."""
+    if answer is None and effect.answer is not None:
+        if like is not None and like.effect.answer is effect.answer:
+            answer = like.answer
+        else:
+            answer = encode_value(effect.answer)
     if like is None:
-        return EncodedEffect(effect, encode_value(effect.dispatch), _answer_bytes(effect.answer),
+        return EncodedEffect(effect, encode_value(effect.dispatch), answer,
                              tuple(encode_value(f) for f in effect.followups))
     before = like.effect
     return EncodedEffect(
         effect,
         like.dispatch if before.dispatch is effect.dispatch else encode_value(effect.dispatch),
-        like.answer if before.answer is effect.answer else _answer_bytes(effect.answer),
+        answer,
         like.followups if before.followups is effect.followups else tuple(
             encode_value(f) for f in effect.followups))
-
-
-def _answer_bytes(answer: Input | None) -> bytes | None:
-    return None if answer is None else encode_value(answer)
 
 
 def decode_row(raw: bytes) -> EncodedEffect:

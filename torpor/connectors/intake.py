@@ -58,9 +58,10 @@ DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 FAULT_ENV: Final = "TORPOR_CONNECTOR_FAULT"
 AFTER_EFFECT: Final = "after_effect"
 
-Produce = Callable[[Input, "str | None"], None]
-"""Produces `record` to `inputs`; with a request id (a final answer) the transport calls
-`JournaledIntake.delivered(request_id)` once the broker acknowledged it."""
+Produce = Callable[[Input, "str | None", bytes], None]
+"""Produces `record` to `inputs` as `value` (the record framed for `inputs` by the intake's
+codec: encoded once, also for the journal); with a request id (a final answer) the
+transport calls `JournaledIntake.delivered(request_id)` once the broker acknowledged it."""
 
 
 class Performer(Protocol):
@@ -121,7 +122,7 @@ class JournaledIntake:
         self._last_prune = 0.0
         # While `route_all` hands a batch to the tools: what they send, in order, produced
         # once the batch's answers are synced (None: produce at once, each answer synced).
-        self._held: list[tuple[Input, str | None]] | None = None
+        self._held: list[tuple[Input, str | None, bytes]] | None = None
         if signer is None:
             log.warning("no signing key: answers are produced unsigned (a processor with a key ring "
                         "refuses them as missing_signature)")
@@ -134,21 +135,30 @@ class JournaledIntake:
         if self._signer is not None:
             record = self._signer.sign(record)
         request_id = final_request(record)
+        effect = None
         if request_id is not None:
             if self._fault:
                 log.error("fault %s: killing the connector before the answer is produced", AFTER_EFFECT)
                 os.kill(os.getpid(), signal.SIGKILL)
             effect = self.journal.entry(request_id)
-            if effect is not None and effect.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
-                self.journal.finish(request_id, record, self._clock())
-            elif effect is not None and effect.state == EffectState.CANCELLED:
+            if effect is not None and effect.state == EffectState.CANCELLED:
                 log.info("answer of a cancelled call dropped", extra={
                     "thread_id": record.thread_id, "message_id": record.message_id})
                 return  # the fold answered it as interrupted already: a late result is only noise
+        value = self._codec.encode(self._inputs_topic, record)
+        if request_id is not None and effect is not None and \
+                effect.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
+            # Without a registry, the framed value is the single-object encoding the journal keeps.
+            self.journal.finish(request_id, record, self._clock(),
+                                encoded=value if self._codec.registry is None else None)
         if self._held is not None:
-            self._held.append((record, request_id))
+            self._held.append((record, request_id, value))
             return
-        self._produce(record, request_id)
+        self._produce(record, request_id, value)
+
+    def _resend(self, answer: Input, request_id: str) -> None:
+        """Produce a stored answer again (its effect is `done`: not journaled again)."""
+        self._produce(answer, request_id, self._codec.encode(self._inputs_topic, answer))
 
     def delivered(self, request_id: str) -> None:
         """The broker acknowledged the final answer of `request_id`."""
@@ -192,7 +202,7 @@ class JournaledIntake:
         with self.journal.group():
             for dispatch in dispatches:
                 self.route(dispatch, held)
-        sent: list[tuple[Input, str | None]] = []
+        sent: list[tuple[Input, str | None, bytes]] = []
         self._held = sent
         try:
             with self.journal.group():
@@ -202,8 +212,8 @@ class JournaledIntake:
             # Even if a tool raised, what it finished is synced by now (unless the sync
             # itself failed: then nothing goes out, and the next start re-sends it).
             if self.journal.is_synced:
-                for record, request_id in sent:
-                    self._produce(record, request_id)
+                for record, request_id, value in sent:
+                    self._produce(record, request_id, value)
 
     def route(self, dispatch: Dispatch, performer: Performer) -> None:
         """Journal `dispatch` and pass it on to `performer` (module docstring). What either
@@ -218,7 +228,7 @@ class JournaledIntake:
             if found is None:
                 performer.submit(dispatch)
             elif found.state == EffectState.DONE and found.answer is not None:
-                self._produce(found.answer, found.request_id)  # redelivered: re-send, do not rerun
+                self._resend(found.answer, found.request_id)  # redelivered: re-send, do not rerun
             return
         if dispatch.kind == CANCEL:
             self.journal.cancel(dispatch.thread_id, dispatch.call_id, now)
@@ -239,7 +249,7 @@ class JournaledIntake:
         rerun = resent = reconciled = 0
         for effect in found:
             if effect.state == EffectState.DONE and effect.answer is not None:
-                self._produce(effect.answer, effect.request_id)
+                self._resend(effect.answer, effect.request_id)
                 resent += 1
             elif effect.state == EffectState.UNKNOWN:
                 with log_fields(thread_id=effect.dispatch.thread_id, request_id=effect.request_id):

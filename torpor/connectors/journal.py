@@ -138,11 +138,12 @@ class EffectJournal:
         """An unknown effect is run again (its `reconcile` found no trace of it)."""
         self._move(request_id, EffectState.DISPATCHED, now_ms)
 
-    def finish(self, request_id: str, answer: Input, now_ms: int) -> None:
-        """Store the effect's final answer, before it is produced."""
+    def finish(self, request_id: str, answer: Input, now_ms: int, encoded: bytes | None = None) -> None:
+        """Store the effect's final answer, before it is produced. `encoded`: the answer's
+        single-object encoding (`encode_value`), if the caller has it: not encoded again."""
         done = dataclasses.replace(self._require(request_id), state=EffectState.DONE, updated_at=now_ms,
                                    answer=answer)
-        self._put(done)
+        self._put(done, encoded)
         self._moved(done)
 
     def delivered(self, request_id: str, now_ms: int) -> None:
@@ -254,14 +255,14 @@ class EffectJournal:
         if self.on_moved is not None:
             self.on_moved(effect)
 
-    def _put(self, effect: Effect) -> None:
-        row = self._encoded(effect)
+    def _put(self, effect: Effect, answer: bytes | None = None) -> None:
+        row = self._encoded(effect, answer)
         self._write(_effect_key(effect.request_id), row.row())
         self._remember(row)
 
-    def _encoded(self, effect: Effect) -> EncodedEffect:
+    def _encoded(self, effect: Effect, answer: bytes | None = None) -> EncodedEffect:
         """`effect` encoded, with the bytes of the records it shares with the one known before."""
-        return encoded(effect, self._known.get(effect.request_id))
+        return encoded(effect, self._known.get(effect.request_id), answer)
 
     def _remember(self, effect: EncodedEffect) -> None:
         """`effect` was just written: serve `entry` from memory (see `_known`)."""

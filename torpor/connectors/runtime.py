@@ -159,9 +159,8 @@ class ConnectorRuntime:
 
     # --- producing ---------------------------------------------------------------------
 
-    def _produce(self, record: Input, request_id: str | None) -> None:
+    def _produce(self, record: Input, request_id: str | None, value: bytes) -> None:
         key = record.thread_id.encode("utf-8")
-        value = self._codec.encode(self._topics.inputs, record)
         on_delivery = None if request_id is None else self._delivered_callback(request_id)
         headers: list[tuple[str, str | bytes | None]] | None = None
         if self._traces is not None:

@@ -246,9 +246,8 @@ class FaustConnector:
         assert self._intake is not None, "an answer before the start: calls() starts the connector"
         self._intake.send(record)
 
-    def _produce(self, record: Input, request_id: str | None) -> None:
+    def _produce(self, record: Input, request_id: str | None, value: bytes) -> None:
         key = record.thread_id.encode("utf-8")
-        value = self.topics.codec.encode(self.topics.names.inputs, record)
         callback = None if request_id is None else partial(self._delivered, request_id)
         self.topics.inputs.send_soon(key=key, value=value, partition=partition_for(key, self._partitions),
                                      callback=callback)
