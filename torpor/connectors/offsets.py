@@ -47,7 +47,8 @@ class OutboxOffsets:
     """Taken and committed outbox offsets of one connector (see the module docstring).
 
     Not thread-safe, and needs not be: librdkafka runs `on_commit` inside the consumer's
-    `consume()`, `poll()` or `close()`, which only the connector's loop calls.
+    `consume()`, `poll()` or `close()`, which only the connector's loop calls (or its waiter
+    thread, while the loop awaits it: `ConnectorRuntime._wait`).
     """
 
     def __init__(self, consumer: Consumer, topic: str, clock: Callable[[], float] = time.monotonic) -> None:

@@ -25,7 +25,9 @@ Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=..
 - commits outbox offsets as soon as the dispatches are journaled: the journal, not the
   offset, holds an effect from then on, so a week-long timer holds back nothing. Commits
   are asynchronous (`connectors.offsets`): a group without a coordinator (a broker
-  restart) delays them, never the loop, which keeps serving dispatches meanwhile.
+  restart) delays them, never the loop, which keeps serving dispatches meanwhile;
+- when nothing is waiting, waits for the outbox on a thread of its own (`_wait`): a
+  dispatch is taken as soon as it comes, and the tools' tasks run meanwhile.
 
 Message ids of answers derive from the request id (`InProcessConnector.produce`), so any
 answer produced twice (a re-run after a crash, a re-sent stored answer) is one input to
@@ -49,6 +51,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -77,7 +80,8 @@ if TYPE_CHECKING:  # the optional extra `otel`: imported at run time only with t
 
 log = logging.getLogger(__name__)
 
-# How long one poll of the outbox may wait; bounds the stop latency and lets the tasks run.
+# How long one wait for the outbox may last (on the waiter thread: the tools' tasks run
+# meanwhile, and a dispatch is taken as soon as it comes); bounds the stop latency.
 POLL_SECONDS: Final = 0.05
 # Dispatches taken per poll at most.
 TAKE: Final = 100
@@ -141,6 +145,7 @@ class ConnectorRuntime:
             self.journal.on_moved = observer.effect_moved
         self._consumer = make_consumer(settings, group, on_commit=self._on_commit)
         self._offsets = OutboxOffsets(self._consumer, self._topics.outbox)
+        self._waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-wait")  # `_wait`
         self._producer = make_producer(settings)
         # The topics it reads and writes; a processor (or `torpor topics create`) makes them.
         self._topic_wait = TopicWait(
@@ -201,15 +206,18 @@ class ConnectorRuntime:
             publish_manifest(self._producer, self._topics.toolsets, self.connector.specs, source=self._source)
             self._intake.recover(self.connector)
             self._consumer.subscribe([self._topics.outbox])
+            came: list[Message] = []  # what the last wait brought
             while not should_stop():
                 room = self._room()
-                messages = self._consumer.consume(room, timeout=0)
+                messages = came or self._consumer.consume(room, timeout=0)
                 taken: list[Dispatch] = []
                 for message in messages:
                     dispatch = self._take(message.error(), message.value(), message.partition(),
                                           message.offset())
                     if dispatch is not None:
                         taken.append(dispatch)
+                        if self._observer is not None:  # before routing: the journal's moves come after
+                            self._observer.taken(dispatch)
                         if self._traces is not None:  # before routing: a stored answer is re-sent there
                             carried = message.headers()
                             self._traces.taken(dispatch, carried if isinstance(carried, list) else None)
@@ -221,8 +229,6 @@ class ConnectorRuntime:
                         log.info("dispatch %s %s journaled", dispatch.kind, dispatch.tool, extra={
                             "thread_id": dispatch.thread_id, "message_id": dispatch.request_id,
                             "request_id": dispatch.request_id})
-                        if self._observer is not None:
-                            self._observer.taken(dispatch)
                 # Only now: a journal write that raised must not let the offsets pass its dispatches.
                 for message in messages:
                     partition, offset = message.partition(), message.offset()
@@ -238,8 +244,13 @@ class ConnectorRuntime:
                     self.idle_since = time.monotonic()
                 elif not idle:
                     self.idle_since = None
-                await asyncio.sleep(0 if messages else POLL_SECONDS)  # the tools' tasks run here
+                if messages:
+                    came = []
+                    await asyncio.sleep(0)  # the tools' tasks run here
+                else:
+                    came = await self._wait(room)  # and here
         finally:
+            self._waiter.shutdown(wait=True)  # a wait cut short by a cancel: the consumer is ours again
             # Running effects stay `dispatched` in the journal: the next start reconciles them.
             await self.connector.close()
             if self._producer.flush(FLUSH_SECONDS) > 0:
@@ -249,6 +260,18 @@ class ConnectorRuntime:
             self.journal.close()
             if self._traces is not None:
                 self._traces.close()
+
+    async def _wait(self, room: int) -> list[Message]:
+        """Nothing was waiting: wait for the outbox, `POLL_SECONDS` at most, on the waiter
+        thread (the loop runs the tools' tasks meanwhile). librdkafka serves the consumer's
+        callbacks (`on_commit`) there, while this loop awaits it: one user at a time."""
+        return await asyncio.wrap_future(self._waiter.submit(self._wait_for_one, room))
+
+    def _wait_for_one(self, room: int) -> list[Message]:
+        # consume(n, timeout) returns only once it has n records or the timeout passed: wait
+        # for one, then take what came with it.
+        first = self._consumer.consume(1, timeout=POLL_SECONDS)
+        return first + self._consumer.consume(room - 1, timeout=0) if first and room > 1 else first
 
     def _found_topics(self, found: Mapping[str, int] | None) -> None:
         if found is not None:
