@@ -130,3 +130,46 @@ def test_a_tool_that_raises_mid_batch_loses_none_of_the_answers_given_before(tmp
     assert _state(journal, "rq2") is EffectState.DISPATCHED  # the next start reconciles it
     intake.send(answer("rq9", "c9"))  # no batch open any more: a later answer goes out at once
     assert produced[-1] == ("rq9-result", 2)
+
+
+KILLED_WHILE_ANSWERING = """
+import os, signal, sys
+from pathlib import Path
+from tests.connectors.test_intake_group import AnsweringTool, _intake
+from tests.connectors.test_journal import dispatch
+from torpor.connectors.journal import EffectJournal
+
+journal = EffectJournal(Path(sys.argv[1]))
+intake = _intake(journal, [])
+tool = AnsweringTool(intake.send)
+real_submit = tool.submit
+
+def submit(handed):
+    if handed.request_id == "rq2":  # rq0 and rq1 answered, their rows not synced, nothing produced
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_submit(handed)
+
+tool.submit = submit
+intake.route_all([dispatch(f"rq{n}", f"c{n}") for n in range(3)], tool)
+"""
+
+
+def test_a_connector_killed_while_a_batch_answers_re_sends_those_answers_and_reruns_none(
+        tmp_path: Path) -> None:
+    # kill -9 between the answers' journal rows and their sync: the rows are in the WAL, so
+    # the next start re-sends those answers (none had gone out) and re-runs only the call
+    # that never answered.
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", KILLED_WHILE_ANSWERING, str(tmp_path / "journal")], cwd=repo,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == -9, done.stderr
+    journal = EffectJournal(tmp_path / "journal")
+    produced: list[Input] = []
+    tool = SyncWatchingTool(journal)  # notes what it is handed at start-up: the re-runs
+    _intake(journal, produced).recover(tool)
+    assert sorted(record.message_id for record in produced) == ["rq0-result", "rq1-result"]
+    assert [request for request, _ in tool.handed] == ["rq2"]  # unknown, reconciled (no), re-run
+    journal.close()
