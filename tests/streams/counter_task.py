@@ -169,6 +169,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--txn-timeout-ms", type=int, default=None)
     # How long a fenced consumer waits for its instance id to be released (LoopSettings.rejoin_wait).
     parser.add_argument("--rejoin-wait", type=float, default=None)
+    # The producer's local queue (queue.buffering.max.messages): a tiny one is found full often.
+    parser.add_argument("--queue-messages", type=int, default=None)
     args = parser.parse_args(argv)
     configure("info")
     overrides: tuple[tuple[str, str], ...] = ()
@@ -176,6 +178,8 @@ def main(argv: Sequence[str]) -> int:
         overrides += (("max.partition.fetch.bytes", str(args.fetch_bytes)),)
     if args.txn_timeout_ms is not None:
         overrides += (("transaction.timeout.ms", str(args.txn_timeout_ms)),)
+    if args.queue_messages is not None:
+        overrides += (("queue.buffering.max.messages", str(args.queue_messages)),)
     timing = {} if args.transaction_timeout is None else {"transaction_timeout": args.transaction_timeout}
     if args.rejoin_wait is not None:
         timing["rejoin_wait"] = args.rejoin_wait

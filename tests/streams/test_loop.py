@@ -107,6 +107,17 @@ def test_crash_between_the_commit_and_the_store_write_is_caught_up_by_restore(ri
 
 
 @pytest.mark.kafka
+def test_a_producer_queue_found_full_mid_batch_loses_and_repeats_no_record(rig: CounterRig) -> None:
+    # Room for 4 records: nearly every batch finds the queue full part way through its
+    # records and its changelog rows, and goes on from that record once deliveries drain it.
+    inputs = rig.produce_inputs(600, poison_every=50)
+    _ok(rig.run_until_idle(max_batch=50, commit_every=200, queue_messages=4))
+    assert_exactly_once(rig, inputs)
+    assert_counts_are_gapless(rig, inputs)
+    assert len(rig.read_committed(rig.parked)) == 12
+
+
+@pytest.mark.kafka
 def test_poison_records_are_parked_and_the_partition_goes_on(rig: CounterRig) -> None:
     inputs = rig.produce_inputs(200, poison_every=50)
     _ok(rig.run_until_idle())
