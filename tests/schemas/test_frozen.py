@@ -21,13 +21,15 @@ import torpor.schemas.codec
 import torpor.schemas.framing
 import torpor.schemas.records
 import torpor.streams.log
+import torpor.streams.task
 from torpor.schemas.frozen import fast_inits, original_init, slot_copier
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 
 MODULES = (torpor.schemas.records, torpor.processors.fold.state, torpor.processors.fold.effects,
            torpor.processors.fold.authority, torpor.processors.step, torpor.streams.log,
            torpor.processors.models.provider, torpor.processors.models.stage,
-           torpor.processors.store.tables, torpor.schemas.codec, torpor.schemas.framing)
+           torpor.processors.store.tables, torpor.schemas.codec, torpor.schemas.framing,
+           torpor.streams.task)
 REPLACED = tuple(
     value for module in MODULES for value in vars(module).values()
     if isinstance(value, type) and value.__module__ == module.__name__ and dataclasses.is_dataclass(value)

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from torpor.schemas.frozen import fast_inits
+
 Change = tuple[bytes, bytes | None]
 """One store write: the key and its new value, or None for a delete (a changelog tombstone)."""
 
@@ -134,3 +136,8 @@ class TaskFactory(Protocol):
     """Opens the task of one partition when the group assigns it."""
 
     def __call__(self, partition: int) -> PartitionTask: ...
+
+
+# An `InputRecord` per consumed record and some 16 `OutputRecord`s per completion:
+# `object.__setattr__` per field cost 0.58 us a record, slot stores 0.36 (`schemas/frozen.py`).
+fast_inits(__name__)
