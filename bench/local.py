@@ -49,7 +49,10 @@ async def run(
 ) -> tuple[list[figures.WaveRow], dict[str, object]]:
     runtime: LocalRuntime
     # The tool's sink is bound late: the runtime needs the tool, the tool the runtime's sink.
-    tool = ForgetfulBenchTool(lambda record: runtime.send(record), now_ms)
+    def sink(record: Input) -> None:
+        runtime.send(record)
+
+    tool = ForgetfulBenchTool(sink, now_ms)
     runtime = LocalRuntime(
         BenchModel(), tool, LocalConfig(store="rocks", store_dir=store_dir, batch_size=batch_size)
     )

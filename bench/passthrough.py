@@ -74,13 +74,14 @@ def run(
                     continue
                 if started is None:
                     started = time.monotonic()
-                key = message.key() or b""
+                key, partition = message.key() or b"", message.partition()
+                assert partition is not None  # a consumed record has one; the stub allows None
                 for topic, key_len, value_len in plan[done]:
                     producer.produce(
                         topic,
                         key=key[:key_len] if key_len <= len(key) else payload(key_len),
                         value=payload(value_len),
-                        partition=message.partition(),
+                        partition=partition,
                     )
                 producer.poll(0)
                 done += 1
