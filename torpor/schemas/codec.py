@@ -366,14 +366,21 @@ class Codec:
         Raises `ContractError` if the record does not fit its schema or the registry
         refuses the schema, and `RetriableError` if the registry cannot be reached.
         """
+        codec = self._class(type(record))
+        if self._registry is None and codec.direct is not None:
+            # The common case, without a BytesIO: most records the processor writes are this.
+            try:
+                return codec.single_object_header + codec.direct(record)
+            except Exception:  # not written directly: `_write_body` has fastavro write it
+                pass
         out = io.BytesIO()
         if self._registry is None:
-            out.write(self._class(type(record)).single_object_header)
+            out.write(codec.single_object_header)
         else:
             key = (topic, type(record))
             header = self._headers.get(key)
             if header is None:
-                known = self._class(type(record)).schema
+                known = codec.schema
                 header = framing.confluent_header(self._registry.register(f"{topic}-value", known.text))
                 self._headers[key] = header
             out.write(header)
