@@ -48,8 +48,10 @@ from bench.workload import (
     turn_input,
 )
 from torpor.processors.processor import ProcessorConfig
+from torpor.schemas import signing
 from torpor.schemas.codec import decode_value, encode_value
 from torpor.schemas.records import Completion, Input, Receipt
+from torpor.schemas.signer import load_private_key
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
@@ -184,9 +186,37 @@ class Receipts:
         self._consumer.close()
 
 
+class KeyedRun:
+    """`--signed`: a key ring as a deployment has one, so every input is signed and checked.
+
+    The processor signs its loopbacks (the model's completions) with its key, the
+    connector its answers with `connector:bench`'s, and the driver the workload's inputs
+    with a gateway key for `user:*` (the threads' tenant and tool come from it); the
+    processor verifies each one against the ring, as in production.
+    """
+
+    def __init__(self, work: Path, env: dict[str, str]) -> None:
+        keys, ring = work / "keys", work / "keyring.toml"
+        for key_id, source in (("bench-proc", "processor"), ("bench-tool", "connector:bench"),
+                               ("bench-gw", "user:*")):
+            made = subprocess.run([TORPOR, "keys", "new", "--id", key_id, "--source", source, "--scope", "*",
+                                   "--out-dir", str(keys), "--keyring", str(ring)],
+                                  env=env, capture_output=True, text=True, check=False)
+            if made.returncode != 0:
+                raise RuntimeError(f"torpor keys new --id {key_id}: {made.stderr}")
+        self.processor_env = {"TORPOR_KEYRING": str(ring), "TORPOR_PROCESSOR_KEY_ID": "bench-proc",
+                              "TORPOR_PROCESSOR_KEY": str(keys / "bench-proc.pem")}
+        self.connector_env = {"TORPOR_SIGNING_KEY_ID": "bench-tool",
+                              "TORPOR_SIGNING_KEY": str(keys / "bench-tool.pem")}
+        self._gateway = load_private_key(keys / "bench-gw.pem")
+
+    def sign(self, record: Input) -> Input:
+        return signing.sign(record, "bench-gw", self._gateway)
+
+
 def run(
     bootstrap: str, agents: int, turns: int, wave: int, partitions: int, work: Path, keep_topics: bool,
-    workers: int = 1,
+    workers: int = 1, signed: bool = False,
 ) -> tuple[list[figures.WaveRow], dict[str, object]]:
     prefix = f"bench.{uuid.uuid4().hex[:10]}."
     settings = Settings(
@@ -207,10 +237,12 @@ def run(
     }
     store_dir = work / "stores"
     processes: list[subprocess.Popen[bytes]] = []
+    keyed = KeyedRun(work, env) if signed else None
 
-    def start(args: list[str], name: str) -> subprocess.Popen[bytes]:
+    def start(args: list[str], name: str, extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(work / f"{name}.log", "wb") as log:
-            process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(args, cwd=REPO, env={**env, **(extra or {})}, stdout=log,
+                                       stderr=subprocess.STDOUT)
         processes.append(process)
         return process
 
@@ -234,6 +266,7 @@ def run(
                 "warning",
             ],
             "processor",
+            keyed.processor_env if keyed else None,
         )
         connector = start(
             [
@@ -249,6 +282,7 @@ def run(
                 "warning",
             ],
             "connector",
+            keyed.connector_env if keyed else None,
         )
         producer = Producer(
             {
@@ -262,7 +296,7 @@ def run(
         expected = 0
 
         def send(records: list[Input]) -> None:
-            for record in records:
+            for record in records if keyed is None else [keyed.sign(r) for r in records]:
                 producer.produce(
                     names.of(Topic.INPUTS), key=record.thread_id.encode(), value=encode_value(record)
                 )
@@ -373,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="`torpor processor --workers`: processes.")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--keep", action="store_true", help="Keep the topics and the work directory.")
+    parser.add_argument("--signed", action="store_true",
+                        help="With a key ring: every input signed (gateway, processor, connector keys) "
+                             "and verified, as a deployment runs.")
     args = parser.parse_args(argv)
     if min(args.agents, args.turns, args.wave, args.partitions) < 1:
         parser.error("--agents, --turns, --wave and --partitions must be at least 1")
@@ -380,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="torpor-bench-kafka-"))
     try:
         rows, summary = run(bootstrap, args.agents, args.turns, args.wave, args.partitions, work, args.keep,
-                            args.workers)
+                            args.workers, args.signed)
     finally:
         if args.keep:
             print(f"work directory kept: {work}")
