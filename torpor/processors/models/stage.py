@@ -44,6 +44,7 @@ from typing import Final, Protocol
 from torpor.processors.fold.builtins import BUILTIN_TOOLS
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import Status
+from torpor.processors.models.deltas import Deltas, DeltaWindows
 from torpor.processors.models.provider import (
     CompletionRequest,
     Finished,
@@ -146,6 +147,7 @@ class ModelStage:
         self._clock = clock  # ms since the epoch: stamps the records the stage produces
         self.config = config or StageConfig()
         self._gate = asyncio.Semaphore(self.config.concurrency)
+        self._windows = DeltaWindows(self.config.delta_window_s)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # The stages of one process share one cache (`histories`), so its bound is the
         # process's, not the partition's: a thread id lives in one partition, and the
@@ -258,21 +260,21 @@ class ModelStage:
         return self._completion(request, None, error)
 
     async def _once(self, request: CompletionRequest, attempt: int) -> Finished:
-        deltas = _Deltas(functools.partial(self._publish_delta, request, attempt), self.config.delta_window_s)
+        deltas = Deltas(functools.partial(self._publish_delta, request, attempt), self._windows)
         stream = self._provider.complete(request)
+        add = deltas.add
         try:
             async for output in stream:
-                match output:
-                    case TextDelta(text=text):
-                        deltas.add(text)
-                    case Finished():
-                        # One more step ends a stream that keeps the contract (`Finished`
-                        # last), so every generator it wraps ends too, rather than being
-                        # finalized later by the loop's asyncgen hook: a thread-safe
-                        # wake-up of the loop per completion, a GIL hand-off in Kafka mode.
-                        with contextlib.suppress(StopAsyncIteration):
-                            await stream.__anext__()
-                        return output
+                if isinstance(output, TextDelta):
+                    add(output.text)
+                elif isinstance(output, Finished):
+                    # One more step ends a stream that keeps the contract (`Finished`
+                    # last), so every generator it wraps ends too, rather than being
+                    # finalized later by the loop's asyncgen hook: a thread-safe
+                    # wake-up of the loop per completion, a GIL hand-off in Kafka mode.
+                    with contextlib.suppress(StopAsyncIteration):
+                        await stream.__anext__()
+                    return output
         finally:
             # Whatever text came is published before the turn (or its retry event).
             deltas.flush()
@@ -352,37 +354,6 @@ def _size_problem(finished: Finished, completion: Input) -> str | None:
         return None
     return (f"the model's answer is {size} bytes, more than the {COMPLETION_MAX_BYTES} one input may "
             "carry: ask for a shorter answer")
-
-
-class _Deltas:
-    """The deltas of one attempt not yet published: flushed when the window since the
-    first of them has passed (by a timer, if the provider goes quiet), or at the end."""
-
-    def __init__(self, publish: Callable[[int, str], None], window_s: float) -> None:
-        self._publish = publish  # (index of the first delta, joined text)
-        self._window = window_s
-        self._texts: list[str] = []
-        self._first = 0  # index of the first buffered delta in this attempt
-        self._count = 0
-        self._timer: asyncio.TimerHandle | None = None
-
-    def add(self, text: str) -> None:
-        if not self._texts:
-            self._first = self._count
-            if self._window > 0:
-                self._timer = asyncio.get_running_loop().call_later(self._window, self.flush)
-        self._texts.append(text)
-        self._count += 1
-        if self._window == 0:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._texts:
-            text, self._texts = "".join(self._texts), []
-            self._publish(self._first, text)
 
 
 # Built per input or per completion: a faster __init__, same signature (torpor.schemas.frozen).
