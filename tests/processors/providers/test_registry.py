@@ -222,3 +222,21 @@ def test_the_router_fails_a_request_for_an_unknown_model_permanently() -> None:
 def test_the_router_refuses_a_bad_default_model() -> None:
     with pytest.raises(ConfigError):
         ModelRouter(ProviderSettings(), default_model="gpt-4o")
+
+
+def test_the_router_serves_again_after_closing_its_clients() -> None:
+    # The router keeps each model string's provider built; closing the clients must drop
+    # them too, or the next request would go out on a closed connection pool.
+    async def scenario() -> tuple[str, str, int]:
+        replies = [wire.Reply(body=wire.openai_sse(wire.oai_text(t))) for t in ("first", "second")]
+        async with wire.WireServer(replies) as server:
+            settings = ProviderSettings(openai=EndpointSettings(base_url=f"{server.url}/v1"))
+            router = ModelRouter(settings, default_model="openai:gpt-4o-mini")
+            _, first = await collect(router.complete(request(history(user("hi")))))
+            await router.aclose()
+            _, second = await collect(router.complete(request(history(user("hi")))))
+            await router.aclose()
+            assert isinstance(first.content[0], TextBlock) and isinstance(second.content[0], TextBlock)
+            return first.content[0].text, second.content[0].text, len(server.requests)
+
+    assert run(scenario()) == ("first", "second", 2)

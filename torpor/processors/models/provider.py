@@ -170,12 +170,12 @@ class ScriptRule:
 
     def is_match(self, request: CompletionRequest) -> bool:
         kind = request.parent.kind if request.parent is not None else "root"
-        last = recent_text(request.history)
         return (
             (self.thread is None or self.thread == request.thread_id)
             and (self.thread_prefix is None or request.thread_id.startswith(self.thread_prefix))
             and (self.kind is None or self.kind == kind)
-            and (self.last_contains is None or self.last_contains in last)
+            # The text is gathered only for a rule that asks for it (a walk of the history).
+            and (self.last_contains is None or self.last_contains in recent_text(request.history))
         )
 
 

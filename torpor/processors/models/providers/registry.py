@@ -117,6 +117,17 @@ def provider_for(model: str, settings: ProviderSettings, script: Sequence[Script
             return ScriptedModel(script)
 
 
+PROVIDERS_KEPT: Final = 256
+"""Model strings whose provider the router keeps built (a thread's model is its own choice,
+so the strings seen are bounded only by this; past it, the kept ones are built again)."""
+
+
+async def _refused(exc: ConfigError) -> AsyncIterator[ModelOutput]:
+    """A stream that fails as soon as it is read: a model string no provider can serve."""
+    raise PermanentModelError(str(exc)) from exc
+    yield  # an async generator, so the error comes when the stream is read, as a provider's does
+
+
 @dataclass(slots=True)
 class ModelRouter:
     """A `ModelProvider` that serves each request with the provider its `model` names.
@@ -135,6 +146,7 @@ class ModelRouter:
     _bedrock: BedrockRuntimeClient | None = None
     _scripted: ScriptedModel | None = None
     _served: dict[str, ModelInfo] = field(default_factory=dict)
+    _providers: dict[str, ModelProvider] = field(default_factory=dict)  # by model string
 
     def __post_init__(self) -> None:
         # Refuse to start on a bad default, or one whose API this process cannot reach.
@@ -167,18 +179,26 @@ class ModelRouter:
                     self._scripted = ScriptedModel(self.script)
                 return self._scripted
 
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
-        try:
-            provider = self.provider(parse_model(request.model or self.default_model))
-        except ConfigError as exc:
-            raise PermanentModelError(str(exc)) from exc
-        for info in provider.models():
-            self._served.setdefault(info.name, info)
-        async for output in provider.complete(request):
-            yield output
+    def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
+        # The provider's own stream, not one re-yielded through a generator of ours (a step
+        # more per chunk); the provider chosen once per model string (parsing, building).
+        model = request.model or self.default_model
+        provider = self._providers.get(model)
+        if provider is None:
+            try:
+                provider = self.provider(parse_model(model))
+            except ConfigError as exc:
+                return _refused(exc)
+            for info in provider.models():
+                self._served.setdefault(info.name, info)
+            if len(self._providers) >= PROVIDERS_KEPT:
+                self._providers.clear()
+            self._providers[model] = provider
+        return provider.complete(request)
 
     async def aclose(self) -> None:
         """Close the API clients (their connection pools). The router may be used again after."""
+        self._providers.clear()  # they hold the clients closed here
         if self._openai is not None:
             await self._openai.close()
             self._openai = None
