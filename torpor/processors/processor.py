@@ -157,6 +157,9 @@ class StageThread:
         self._thread.join(timeout=CANCEL_SECONDS)
 
 
+_Headers = list[tuple[str, str | bytes | None]] | None  # as `Producer.produce` takes them
+
+
 class KafkaStageSink:
     """`StageSink` over a plain producer: live events to `events`, completions to `inputs`."""
 
@@ -164,27 +167,27 @@ class KafkaStageSink:
                  signer: Signer | None = None) -> None:
         self._producer = producer
         self._signer = signer
-        self._topics = topics
+        self._events = topics.events
+        self._inputs = topics.inputs
         self._partitions = inputs_partitions
         self._codec = codec
 
     def publish_event(self, event: ThreadEvent) -> None:
-        self._send(OutputRecord(self._topics.events, event.thread_id.encode(),
-                                self._codec.encode(self._topics.events, event)))
+        # Keyed by thread: the producer's murmur2 partitioner puts it where the thread's records go.
+        self._send(self._events, event.thread_id.encode(), self._codec.encode(self._events, event), -1, None)
 
     def publish_completion(self, completion: Input, headers: tuple[tuple[str, bytes], ...] = ()) -> None:
         if self._signer is not None:
             completion = self._signer.sign(completion)
         key = completion.thread_id.encode()
-        self._send(OutputRecord(self._topics.inputs, key, self._codec.encode(self._topics.inputs, completion),
-                                partition=partition_for(key, self._partitions), headers=headers))
+        listed: _Headers = list(headers) if headers else None
+        self._send(self._inputs, key, self._codec.encode(self._inputs, completion),
+                   partition_for(key, self._partitions), listed)
 
-    def _send(self, out: OutputRecord) -> None:
+    def _send(self, topic: str, key: bytes, value: bytes, partition: int, headers: _Headers) -> None:
         while True:
             try:
-                self._producer.produce(out.topic, value=out.value, key=out.key,
-                                       partition=-1 if out.partition is None else out.partition,
-                                       headers=list(out.headers) or None)
+                self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
                 return
             except BufferError:
                 self._producer.poll(0.05)  # full queue: let deliveries drain it
