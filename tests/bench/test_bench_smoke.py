@@ -109,3 +109,13 @@ def test_all_benchmark_prints_local_kafka_and_passthrough_in_one_table(
     assert [c[0] for c in cells] == ["local", "kafka (exactly-once)", "raw EOS pass-through"]
     assert all(float(c[1]) > 0 and float(c[2]) > 0 for c in cells), done.stdout
     assert float(cells[1][4]) > 0, done.stdout  # the ratio to the pass-through
+
+
+@pytest.mark.parametrize("model", ["router", "bench"])
+def test_stage_benchmark_serves_every_request_of_every_round(model: str) -> None:
+    args = [sys.executable, "-m", "bench.stage", "--agents", "5", "--turns", "1", "--repeat", "2",
+            "--model", model]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"stage ({model}): 10 completions" in done.stdout
