@@ -28,6 +28,7 @@ from bench.kafka import script
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
 from torpor.cli.scenario import load_rules
 from torpor.processors.fold.effects import RequestCompletion
+from torpor.processors.local import tune_collector
 from torpor.processors.models.provider import ModelProvider
 from torpor.processors.models.providers.registry import ModelRouter
 from torpor.processors.models.providers.settings import ProviderSettings
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.agents < 1 or args.turns < 0 or args.repeat < 1:
         parser.error("--agents and --repeat must be at least 1, --turns at least 0")
+    tune_collector()  # as the processor and local mode run the stage
     done, cpu = asyncio.run(run(args.agents, args.turns, args.repeat, args.model))
     if done != args.agents * args.repeat:
         print(f"stage: {done} completions, expected {args.agents * args.repeat}")
