@@ -63,10 +63,15 @@ def deploy(
     try:
         yield found
     finally:
-        found.stop_all()
-        for future in admin.delete_topics(list(TopicNames.for_prefix(found.prefix).all()),
-                                          operation_timeout=30).values():
-            future.result(timeout=60)
+        tear_down(found, admin)
+
+
+def tear_down(found: Deployment, admin: AdminClient) -> None:
+    """Kill what `found` started and delete its topics."""
+    found.stop_all()
+    for future in admin.delete_topics(list(TopicNames.for_prefix(found.prefix).all()),
+                                      operation_timeout=30).values():
+        future.result(timeout=60)
 
 
 def settings_of(deployment: Deployment) -> Settings:

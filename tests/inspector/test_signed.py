@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -19,52 +18,21 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import answer, script, settings_of
+from tests.processors.keyed_deployment import KeyedDeployment, keyed_processor
 from tests.processors.test_processor import TORPOR, Deployment
 from tests.waiting import wait_until
 from torpor.schemas.records import Receipt
-from torpor.streams.admin import ensure_topics
-from torpor.streams.deadline import Deadline
-from torpor.streams.topics import TopicNames
 
 pytestmark = pytest.mark.kafka
 
 WAIT_S: Final = 120.0
-SCRIPT: Final = script(answer("hello", "Hello to you."))
-
-
-@dataclass
-class KeyedDeployment(Deployment):
-    """A deployment whose processes share extra environment (the key ring)."""
-
-    extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**super().env, **self.extra}
 
 
 @pytest.fixture
 def keyed(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[KeyedDeployment]:
-    found = KeyedDeployment(kafka_bootstrap, tmp_path, prefix=f"test.ui.{uuid.uuid4().hex[:10]}.")
-    ensure_topics(admin, settings_of(found), Deadline.after(60))
-    ring, keys = tmp_path / "keyring.toml", tmp_path / "keys"
-    for key_id, source in (("proc-1", "processor"), ("ops-1", "operator:*")):
-        made = found.run([TORPOR, "keys", "new", "--id", key_id, "--source", source, "--out-dir", str(keys),
-                          "--keyring", str(ring)])
-        assert made.returncode == 0, made.stderr
-    found.extra = {"TORPOR_KEYRING": str(ring), "TORPOR_PROCESSOR_KEY_ID": "proc-1",
-                   "TORPOR_PROCESSOR_KEY": str(keys / "proc-1.pem")}
-    (tmp_path / "script.toml").write_text(SCRIPT)
-    found.start([TORPOR, "processor", "--instance", "p0", "--app", f"app-{found.prefix}", "--store-dir",
-                 str(tmp_path / "stores"), "--script", str(tmp_path / "script.toml")], "processor")
-    try:
+    with keyed_processor(kafka_bootstrap, admin, tmp_path, f"test.ui.{uuid.uuid4().hex[:10]}.",
+                         (("ops-1", "operator:*"),)) as found:
         yield found
-    finally:
-        found.stop_all()
-        for future in admin.delete_topics(list(TopicNames.for_prefix(found.prefix).all()),
-                                          operation_timeout=30).values():
-            future.result(timeout=60)
 
 
 def _ui(deployment: Deployment, name: str, *args: str) -> str:

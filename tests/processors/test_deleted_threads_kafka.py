@@ -18,52 +18,27 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.cli.rig import answer, script, settings_of
-from tests.inspector.test_signed import KeyedDeployment
+from tests.processors.keyed_deployment import KeyedDeployment, keyed_processor
 from tests.processors.test_processor import TORPOR
 from tests.waiting import wait_until
 from torpor.schemas.codec import decode_value
 from torpor.schemas.records import CreateThread, Input, Receipt
-from torpor.streams.admin import ensure_topics
-from torpor.streams.deadline import Deadline
-from torpor.streams.topics import TopicNames
 
 pytestmark = pytest.mark.kafka
 
 WAIT_S: Final = 120.0
-KEYS: Final = (("proc-1", "processor"), ("ops-1", "operator:*"), ("gw-1", "user:*"))
 
 
 @pytest.fixture
 def keyed(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[KeyedDeployment]:
-    found = KeyedDeployment(kafka_bootstrap, tmp_path, prefix=f"test.deleted.{uuid.uuid4().hex[:10]}.")
-    ensure_topics(admin, settings_of(found), Deadline.after(60))
-    ring, keys = tmp_path / "keyring.toml", tmp_path / "keys"
-    for key_id, source in KEYS:
-        made = found.run([TORPOR, "keys", "new", "--id", key_id, "--source", source, "--out-dir", str(keys),
-                          "--keyring", str(ring)])
-        assert made.returncode == 0, made.stderr
-    found.extra = {"TORPOR_KEYRING": str(ring), "TORPOR_PROCESSOR_KEY_ID": "proc-1",
-                   "TORPOR_PROCESSOR_KEY": str(keys / "proc-1.pem")}
-    (tmp_path / "script.toml").write_text(script(answer("hello", "Hello to you.")))
-    found.start([TORPOR, "processor", "--instance", "p0", "--app", f"app-{found.prefix}", "--store-dir",
-                 str(tmp_path / "stores"), "--script", str(tmp_path / "script.toml")], "processor")
-    try:
+    with keyed_processor(kafka_bootstrap, admin, tmp_path, f"test.deleted.{uuid.uuid4().hex[:10]}.",
+                         (("ops-1", "operator:*"), ("gw-1", "user:*"))) as found:
         yield found
-    finally:
-        found.stop_all()
-        for future in admin.delete_topics(list(TopicNames.for_prefix(found.prefix).all()),
-                                          operation_timeout=30).values():
-            future.result(timeout=60)
-
-
-def _signed(deployment: KeyedDeployment, key_id: str) -> list[str]:
-    return ["--signing-key-id", key_id, "--signing-key", str(deployment.root / "keys" / f"{key_id}.pem")]
 
 
 def _create(deployment: KeyedDeployment, thread: str) -> None:
     sent = deployment.run([TORPOR, "send", thread, "hello", "--new", "--model", "scripted", "--source",
-                           "user:alice", "--wait", "60", *_signed(deployment, "gw-1")])
+                           "user:alice", "--wait", "60", *deployment.signed("gw-1")])
     assert sent.returncode == 0, sent.stdout + sent.stderr
 
 
@@ -87,7 +62,7 @@ def test_the_captured_bytes_of_a_deleted_threads_creation_do_not_bring_it_back(
     assert creation.signature is not None and creation.key_id == "gw-1"
 
     deleted = keyed.run([TORPOR, "control", thread, "delete", "--reason", "done", "--wait", "60",
-                         *_signed(keyed, "ops-1")])
+                         *keyed.signed("ops-1")])
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
 
     keyed.send_raw(key or b"", value or b"", partition)  # the attacker's copy, byte for byte

@@ -27,6 +27,7 @@ from typing import Final
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from tests.cli.rig import tear_down
 from tests.processors.test_processor import (
     TORPOR,
     Deployment,
@@ -41,7 +42,6 @@ from torpor.streams.admin import ensure_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
 from torpor.streams.partitioner import partition_for
-from torpor.streams.topics import TopicNames
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -87,10 +87,7 @@ def six(kafka_bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[Si
                         topics=TopicSettings(prefix=found.prefix, partitions=SIX))
     ensure_topics(admin, settings, Deadline.after(60))
     yield found
-    found.stop_all()
-    for future in admin.delete_topics(list(TopicNames.for_prefix(found.prefix).all()),
-                                      operation_timeout=30).values():
-        future.result(timeout=60)
+    tear_down(found, admin)
 
 
 def _assignment(admin: AdminClient, group: str, inputs: str) -> dict[str, set[int]]:
