@@ -240,8 +240,8 @@ def _fold_absent(input: Input, facts: Facts) -> Transition:
         # row went with the thread), or one that lost the race to the deletion. Not
         # remembered: the tombstone answers every copy the same way.
         return _receipt_only(None, input, facts, rejected("thread_deleted"), (
-            f"thread {input.thread_id!r} was deleted by an input created at {facts.deleted_at}; "
-            f"this creation was made at {input.created_at}, not after it (send a new one)"))
+            f"thread {input.thread_id!r} was deleted; its tombstone refuses creations made at or "
+            f"before {facts.deleted_at}, and this one was made at {input.created_at} (send a new one)"))
     # Tool schemas are judged when they are registered, not at the first call: a thread
     # is never created with a tool whose schema cannot be read (children copy the tools
     # of a parent that passed this check, so they pass it too).
