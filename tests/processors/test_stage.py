@@ -294,7 +294,9 @@ def test_a_thread_deleted_and_created_again_is_not_served_its_old_history() -> N
     old = cache.visible(store, state, first.history_len)
     step(store, [StepRecord(envelope("m-delete", control("delete"), source="operator:o"), 0, 1)])
     assert load_state(store, "t1") is None
-    again = envelope("m-create-2", create(initial="a different first text"))
+    # Made after the deletion (a creation made before it is refused: the thread's tombstone).
+    again = dataclasses.replace(envelope("m-create-2", create(initial="a different first text")),
+                                created_at=1_000_000)
     (second,) = step(store, [StepRecord(again, 0, 2)]).completions
     state = load_state(store, "t1")
     assert state is not None
