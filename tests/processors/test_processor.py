@@ -312,6 +312,12 @@ def test_sigkilled_processor_restarts_and_every_turn_completes_exactly_once(depl
     for process in (processor, echo):
         process.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0, deployment.log("processor-last")[-3000:]
+    # A completion a killed instance produced but never folded is re-issued by its successor
+    # (the thread still awaited the model in the store): a second copy that can land after
+    # the thread's final answer, even after processor-last's last read. One more instance,
+    # to idle, receipts whatever is left, as any next owner of the partitions would.
+    drained = deployment.run(deployment.processor_args("p0", "--until-idle"))
+    assert drained.returncode == 0, drained.stderr[-4000:]
     answers: dict[str, list[str]] = {}
     for thread_id, text in finals.answers():
         answers.setdefault(thread_id, []).append(text)
