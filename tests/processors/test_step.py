@@ -177,7 +177,7 @@ def test_model_visible_history_starts_at_the_latest_summary() -> None:
     assert decode_entry(overlay.get(keys.history_key("t1", 5)) or b"") == summary
 
 
-def test_deleting_a_thread_tombstones_every_row() -> None:
+def test_deleting_a_thread_tombstones_every_row_but_its_seen_rows() -> None:
     store, feed = MemoryStore(), Feed()
     created(store, feed)
     out = step(store, feed(envelope("m-delete", control("delete"), source="operator:o")))
@@ -188,7 +188,10 @@ def test_deleting_a_thread_tombstones_every_row() -> None:
         for k, _ in store.iterate(keys.thread_prefix("t1"))
         if not k.startswith(keys.thread_prefix("t1") + keys.SEEN)
     ]
-    assert left == [keys.deleted_key("t1")]  # its tombstone: when it was deleted
+    assert left == []
+    seen = keys.thread_prefix("t1") + keys.SEEN
+    assert [k for k, _ in store.iterate(seen)], "seen rows stay: a copy of an applied input is a duplicate"
+    assert not [k for k, v in out.changes if k.startswith(seen) and v is None]
     assert (keys.state_key("t1"), None) in out.changes
 
 

@@ -66,7 +66,6 @@ from torpor.processors.fold.effects import (
     EmitReceipt,
     ForkThread,
     Loopback,
-    RememberDeletion,
     RememberInput,
     RequestCompletion,
     SpawnChild,
@@ -80,7 +79,6 @@ from torpor.processors.store.statecodec import encode_entry, encode_request, enc
 from torpor.processors.store.tables import (
     is_seen_in,
     load_state,
-    read_entry,
     read_prefix_within,
     visible_entries,
     with_sender,
@@ -297,7 +295,6 @@ def _fold_one(
                 provenance_reason=verdict.reason,
                 attempt=attempt,
                 default_config=default_config,
-                deleted_at=None if state is not None else deleted_at(scratch, item.thread_id),
             )
             transition = fold(state, item, facts)
             _interpret(scratch, record, sender, state, transition, mark, seen_row, seen_read=True)
@@ -383,17 +380,11 @@ def _interpret(
     """Turn one transition into writes on `rows` and records in `out`.
 
     `seen_read`: `seen_row` is the input's seen row as read before folding (None: there
-    was none), so remembering the input does not read it again (unless the thread was
-    deleted meanwhile)."""
+    was none), so remembering the input does not read it again."""
     thread_id = record.input.thread_id
     known_seen = seen_read
-    last_deleted: int | None = None
     if transition.state is None and before is not None:
-        # The thread is deleted: tombstone every row it had (the changelog mirrors them).
-        known_seen = False
-        last_deleted = _tombstone_floor(rows, record, before)
-        for key, _ in list(rows.iterate(keys.thread_prefix(thread_id))):
-            rows.delete(key)
+        _delete_thread(rows, thread_id)
     requested: RequestCompletion | None = None
     remember: bytes | None = None
     for effect in transition.effects:
@@ -402,11 +393,6 @@ def _interpret(
                 rows.put(keys.history_key(thread_id, entry.seq), encode_entry(entry, canonical))
                 if isinstance(entry.body, SummaryEntry):
                     rows.put(keys.summary_key(thread_id), keys.encode_seq(entry.seq))
-            case RememberDeletion(at=at):
-                # Not before what the thread already covered: a deleter whose clock is behind
-                # must not let a copy of a creation it applied back in.
-                at = at if last_deleted is None else max(at, last_deleted)
-                rows.put(keys.deleted_key(thread_id), keys.encode_time(at))
             case RememberInput(message_id=message_id):
                 remember = keys.seen_key(thread_id, message_id)
                 known_seen = known_seen and message_id == record.input.message_id
@@ -452,22 +438,19 @@ def _placed(receipt: Receipt, partition: int | None, offset: int | None) -> Rece
     return copy
 
 
-def deleted_at(rows: Overlay, thread_id: str) -> int | None:
-    """When `thread_id` was last deleted (its tombstone, `RememberDeletion`), or None."""
-    raw = rows.get(keys.deleted_key(thread_id))
-    return None if raw is None else keys.decode_time(raw)
+def _delete_thread(rows: Overlay, thread_id: str) -> None:
+    """Tombstone every row of `thread_id` but its seen rows (the changelog mirrors them).
 
-
-def _tombstone_floor(rows: Overlay, record: StepRecord, before: ThreadState) -> int | None:
-    """The earliest time a deleted thread's tombstone may hold: its earlier tombstone, its
-    last entry's time (made by the newest input it applied) and when the broker appended
-    the deletion (`inputs` keeps append times: no writer chooses it), whichever is latest."""
-    thread_id = record.input.thread_id
-    times = [t for t in (deleted_at(rows, thread_id), record.appended_at) if t is not None]
-    last = read_entry(rows, thread_id, before.history_len - 1) if before.history_len else None
-    if last is not None:
-        times.append(last.created_at)
-    return max(times, default=None)
+    The seen rows stay (a message id and its senders' digests each, no content): every
+    input the thread applied, produced again after the delete (its signed creation, a
+    user's message, an operator's stop), is then a `duplicate`, whether or not the thread
+    was created anew meanwhile. A time rule cannot do this: it trusts writers' clocks
+    (a creator's running ahead outlives the tombstone; one input stamped far ahead refuses
+    every later re-creation) and covers creations only."""
+    seen = keys.thread_prefix(thread_id) + keys.SEEN
+    for key, _ in list(rows.iterate(keys.thread_prefix(thread_id))):
+        if not key.startswith(seen):
+            rows.delete(key)
 
 
 def _write_state(

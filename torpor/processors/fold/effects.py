@@ -15,8 +15,6 @@ open transaction:
 - `RequestCompletion`  work for the model stage, run only after the commit
 - `EmitEvent`          a record on the `events` topic
 - `RememberInput`      mark a message id as seen, so a redelivery is a duplicate
-- `RememberDeletion`   the thread is deleted: keep only its tombstone (when), so a captured
-                       creation of it produced again cannot bring it back
 - `EmitReceipt`        the one receipt of the input, on the `receipts` topic
 """
 
@@ -129,22 +127,6 @@ class RememberInput:
 
 
 @dataclass(frozen=True, slots=True)
-class RememberDeletion:
-    """The thread is deleted: every row of it goes, and one tombstone row stays.
-
-    `at` is the deleting input's `created_at`; the shell keeps the thread's earlier
-    tombstone, its last entry's time or the deletion's append time instead if later (a
-    deleter whose clock is behind). A deleted thread keeps no seen rows, so without it a captured signed
-    creation of the thread (a processor's child or fork `CreateThread`, an operator's, a
-    `UserMessage` creating implicitly), produced again, would create it again; the fold
-    refuses a creation made at or before the tombstone (`rejected:thread_deleted`). A
-    creation made after it starts the thread anew.
-    """
-
-    at: int
-
-
-@dataclass(frozen=True, slots=True)
 class EmitReceipt:
     """The input's one receipt. Always the last effect of a `Transition`."""
 
@@ -160,7 +142,6 @@ Effect = (
     | RequestCompletion
     | EmitEvent
     | RememberInput
-    | RememberDeletion
     | EmitReceipt
 )
 

@@ -8,9 +8,11 @@ from torpor.processors.fold.state import GENESIS_HEAD, Facts, ThreadState
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Input, Receipt
 
-RUNTIME_BUILD: Final = "torpor-fold/2"
+RUNTIME_BUILD: Final = "torpor-fold/3"
 """Names the fold's semantics: bump it when a change would judge a replayed input differently.
-/2: a creation of a deleted thread made at or before its deletion is `rejected:thread_deleted`."""
+/2: a creation of a deleted thread made at or before its deletion is `rejected:thread_deleted`.
+/3: a deleted thread keeps its seen rows instead (any input it applied, produced again, is a
+`duplicate`); no time rule, so no `rejected:thread_deleted`."""
 
 
 def build_receipt(input: Input, facts: Facts, disposition: str, reason: str | None,

@@ -171,8 +171,7 @@ class Facts:
     `invalid`) and `provenance_reason` the rule that decided it, for the receipt.
     `attempt`: how many times this input was tried before (0 the first time).
     `default_config`: the config a first `UserMessage` may create an unknown thread with
-    (only if its `allow_implicit_create` is true). `deleted_at`: the thread does not exist
-    and was deleted by an input created at that time (its tombstone, `RememberDeletion`).
+    (only if its `allow_implicit_create` is true).
     """
 
     seen: bool = False
@@ -180,7 +179,6 @@ class Facts:
     provenance_reason: str | None = None
     attempt: int = 0
     default_config: ThreadConfig | None = None
-    deleted_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,7 @@ from torpor.processors.fold.children import (
     TERMINAL_REPORTS,
 )
 from torpor.processors.fold.draft import Draft
-from torpor.processors.fold.effects import Effect, EmitReceipt, RememberDeletion, RememberInput
+from torpor.processors.fold.effects import Effect, EmitReceipt, RememberInput
 from torpor.processors.fold.forks import FORK, fork_problem, on_create_fork, on_fork
 from torpor.processors.fold.inbound import (
     on_approval_decision,
@@ -235,13 +235,6 @@ def _fold_absent(input: Input, facts: Facts) -> Transition:
     else:
         # Not remembered: a thread that does not exist keeps no rows at all.
         return _receipt_only(None, input, facts, rejected("unknown_thread"), None)
-    if facts.deleted_at is not None and input.created_at <= facts.deleted_at:
-        # Made before the thread was deleted: a captured creation produced again (its seen
-        # row went with the thread), or one that lost the race to the deletion. Not
-        # remembered: the tombstone answers every copy the same way.
-        return _receipt_only(None, input, facts, rejected("thread_deleted"), (
-            f"thread {input.thread_id!r} was deleted; its tombstone refuses creations made at or "
-            f"before {facts.deleted_at}, and this one was made at {input.created_at} (send a new one)"))
     # Tool schemas are judged when they are registered, not at the first call: a thread
     # is never created with a tool whose schema cannot be read (children copy the tools
     # of a parent that passed this check, so they pass it too).
@@ -410,7 +403,6 @@ def on_control(draft: Draft) -> str:
         stop_children(draft)
         draft.emit("deleted", detail=body.reason)
         draft.deleted = True
-        draft.effects.append(RememberDeletion(draft.now))
         return APPLIED
     if command == FORK:  # reads history only: a thread forks in every status
         return on_fork(draft)

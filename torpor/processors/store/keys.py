@@ -9,10 +9,11 @@ After the prefix comes one byte naming the kind of row, then the row's own key::
 
     len|thread|S                 the thread's state (statecodec)
     len|thread|H|seq(8 BE)       history entry `seq` (big-endian: scans come out in seq order)
-    len|thread|M|message_id      message id seen (value empty): a redelivery is a duplicate
+    len|thread|M|message_id      message id seen (value: its senders' digests): a copy is a
+                                 duplicate; kept when the thread is deleted
     len|thread|C                 the seq of the thread's latest SummaryEntry (8 BE)
-    len|thread|D                 the thread's tombstone: when it was last deleted (8 BE,
-                                 signed ms); stays while the thread is re-created
+    len|thread|D                 a deletion time, written by torpor-fold/2 only (one day of
+                                 2026-12); never read since, dropped by the thread's next deletion
 
 Rows that belong to no thread use the empty thread id, `00000000`, which no thread can
 have (`Input.thread_id` is never empty):
@@ -33,7 +34,6 @@ from typing import Final
 
 _LEN: Final = struct.Struct(">I")
 _SEQ: Final = struct.Struct(">Q")
-_TIME: Final = struct.Struct(">q")  # an input's `created_at` is a signed Avro long
 
 STATE: Final = b"S"
 HISTORY: Final = b"H"
@@ -79,10 +79,6 @@ def summary_key(thread_id: str) -> bytes:
     return thread_prefix(thread_id) + SUMMARY
 
 
-def deleted_key(thread_id: str) -> bytes:
-    return thread_prefix(thread_id) + DELETED
-
-
 def awaiting_model_prefix() -> bytes:
     return GLOBAL_PREFIX + AWAITING_MODEL
 
@@ -101,15 +97,6 @@ def encode_seq(seq: int) -> bytes:
 
 def decode_seq(raw: bytes) -> int:
     value: int = _SEQ.unpack(raw)[0]
-    return value
-
-
-def encode_time(ms: int) -> bytes:
-    return _TIME.pack(ms)
-
-
-def decode_time(raw: bytes) -> int:
-    value: int = _TIME.unpack(raw)[0]
     return value
 
 
