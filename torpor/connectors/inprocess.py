@@ -47,6 +47,17 @@ def text(value: str) -> tuple[ContentBlock, ...]:
     return (TextBlock(value),)
 
 
+def failure(dispatch: Dispatch, error: BaseException) -> tuple[ContentBlock, ...]:
+    """The content of the error result of a call whose tool raised `error`: what the model reads."""
+    try:
+        why = f"{type(error).__name__}: {error}"
+    except Exception:  # an exception whose __str__ raises still names its type
+        why = type(error).__name__
+    # Escaped, not refused: a lone surrogate in the message would make the answer unencodable.
+    why = why.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text(f"{dispatch.tool} failed: {why}")
+
+
 class InProcessConnector:
     """Base for local tools: idempotent dispatch intake, task bookkeeping, input building."""
 
@@ -126,12 +137,17 @@ class InProcessConnector:
             if self._tasks.get(key) is finished:
                 del self._tasks[key]
             if not finished.cancelled() and (error := finished.exception()) is not None:
-                # An error result reaches the model: never silence, never a hung call.
-                log.error("tool work failed: %r", error, extra={"thread_id": dispatch.thread_id})
-                why = f"{dispatch.tool} failed: {type(error).__name__}: {error}"
-                self.answer(dispatch, ok=False, content=text(why))
+                log.error("tool work failed: %r", error, extra={
+                    "thread_id": dispatch.thread_id, "request_id": dispatch.request_id})
+                self.failed(dispatch, error)
 
         task.add_done_callback(done)
+
+    def failed(self, dispatch: Dispatch, error: BaseException) -> None:
+        """The tool raised `error` doing `dispatch`'s work (its task, or `submit` itself: the
+        intake catches that): answer the call with an error result. The model reads it:
+        never silence, never a hung call. The caller has logged `error`."""
+        self.answer(dispatch, ok=False, content=failure(dispatch, error))
 
     def produce(
         self, thread_id: str, request_id: str, body: InputBody, *label: str, source: str | None = None

@@ -19,12 +19,20 @@ acknowledged a record produced with a request id (a call's final answer).
   the late answer of a cancelled call.
 - `route_all(dispatches, performer)`: `route` for a batch, with group commit: one sync
   for the batch's dispatches before any tool sees one, and one for the answers the tools
-  give while they are handed the batch, before any of those is produced.
+  give while they are handed the batch, before any of those is produced. An invoke whose
+  call a later dispatch of the batch cancelled is not handed over at all.
 - `recover(performer)`: at start, before any dispatch is taken: finished but undelivered
   answers are re-sent; an effect that was running when the previous process died is
   `unknown`, and the performer's `reconcile(dispatch)` decides, before any retry, whether
   it happened (it answers then) or must run again. Settled effects older than
   `retention_ms` are pruned (then hourly: `prune_due`).
+
+A tool that raises (`Exception`, or an `asyncio.CancelledError` of its own) when it is
+handed a dispatch or asked to reconcile one stops neither the batch nor the start: the
+error is logged once, with the thread and request ids, and the call it leaves unanswered
+is answered with the tool's error result (`Performer.failed`, `InProcessConnector.failed`),
+which the journal settles like any answer; the rest is handed over. `KeyboardInterrupt`,
+`SystemExit` and the journal's own errors propagate.
 
 `TORPOR_CONNECTOR_FAULT=after_effect` kills the process (SIGKILL) when a tool hands over
 its final answer, before the answer is journaled or produced: the crash window between
@@ -34,6 +42,7 @@ comparison.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -43,7 +52,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from torpor.connectors.inprocess import APPROVAL_DECISION, CANCEL, CLOSE_THREAD, INVOKE
-from torpor.connectors.journal import EffectJournal, EffectState
+from torpor.connectors.journal import Effect, EffectJournal, EffectState
 from torpor.schemas.codec import Codec
 from torpor.schemas.records import Dispatch, Input, TextBlock, TimerFired, ToolEvent, ToolResult
 from torpor.schemas.signer import Signer
@@ -57,6 +66,10 @@ PRUNE_SECONDS: Final = 3600.0
 DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 FAULT_ENV: Final = "TORPOR_CONNECTOR_FAULT"
 AFTER_EFFECT: Final = "after_effect"
+# What a tool may raise and be answered for (module docstring). CancelledError is a
+# BaseException, but `route_all` and `recover` never await: the connector's own task cannot
+# be cancelled inside them, so one raised there is the tool's (a cancelled future's result).
+TOOL_ERRORS: Final = (Exception, asyncio.CancelledError)
 
 Produce = Callable[[Input, "str | None", bytes], None]
 """Produces `record` to `inputs` as `value` (the record framed for `inputs` by the intake's
@@ -71,25 +84,26 @@ class Performer(Protocol):
 
     def reconcile(self, dispatch: Dispatch) -> bool: ...
 
+    def failed(self, dispatch: Dispatch, error: BaseException) -> None:
+        """Answer the call of `dispatch` (an invoke) with the error result of a tool that raised."""
+        ...
+
 
 class _HeldUntilSynced:
-    """A performer that holds what it is given until `release`, after the journal synced it."""
+    """A performer that holds what it is given (`held`) until the journal synced it."""
 
     def __init__(self, performer: Performer) -> None:
         self._performer = performer
-        self._held: list[Dispatch] = []
+        self.held: list[Dispatch] = []
 
     def submit(self, dispatch: Dispatch) -> None:
-        self._held.append(dispatch)
+        self.held.append(dispatch)
 
     def reconcile(self, dispatch: Dispatch) -> bool:
         return self._performer.reconcile(dispatch)
 
-    def release(self) -> None:
-        held, self._held = self._held, []
-        for dispatch in held:
-            with log_fields(thread_id=dispatch.thread_id, request_id=dispatch.request_id):
-                self._performer.submit(dispatch)  # a task it starts keeps these log fields
+    def failed(self, dispatch: Dispatch, error: BaseException) -> None:
+        self._performer.failed(dispatch, error)
 
 
 def final_request(record: Input) -> str | None:
@@ -192,12 +206,23 @@ class JournaledIntake:
         """`route` each of `dispatches` with one synced journal write for all (group
         commit): each is journaled, the journal synced once, and only then is any of them
         passed on to `performer`, in order. A tool never starts an effect whose journal
-        row could still be lost.
+        row could still be lost. An invoke whose call was cancelled by a later dispatch of
+        the batch (a `cancel`, a `close_thread`) is not passed on: the fold answered that
+        call itself when it cancelled it, and expects nothing more from the tool.
 
         The answers the tools send while they are handed the batch (a tool that answers
         at once) are group-committed too: their `done` rows are synced together when the
         last dispatch is handed over, and only then is anything they sent produced, in
-        the order sent. An answer sent later (by a task) is synced on its own in `send`."""
+        the order sent. An answer sent later (by a task) is synced on its own in `send`.
+
+        A tool that raises when handed a dispatch has that call answered with its error
+        (module docstring), and the rest of the batch is handed over. What stays open: a
+        process that dies (kill -9, or a journal write that raises here) after the batch's
+        sync and before a dispatch is handed over leaves that dispatch `dispatched` though
+        no tool saw it. The next start finds it `unknown`, like one that ran, and the
+        tool's `reconcile` decides: a tool that runs at most once answers it "may have
+        run" without running it. Telling the two apart would take a second synced write
+        per batch."""
         held = _HeldUntilSynced(performer)
         with self.journal.group():
             for dispatch in dispatches:
@@ -206,14 +231,23 @@ class JournaledIntake:
         self._held = sent
         try:
             with self.journal.group():
-                held.release()
+                for dispatch in held.held:
+                    with log_fields(thread_id=dispatch.thread_id, request_id=dispatch.request_id):
+                        if dispatch.kind == INVOKE and self._is_cancelled(dispatch):
+                            log.info("invoke not handed over: its call was cancelled in the same batch")
+                            continue
+                        self._hand_over(dispatch, performer)  # a task it starts keeps these log fields
         finally:
             self._held = None
-            # Even if a tool raised, what it finished is synced by now (unless the sync
-            # itself failed: then nothing goes out, and the next start re-sends it).
+            # Even if the journal raised, what the tools finished is synced by now (unless the
+            # sync itself failed: then nothing goes out, and the next start re-sends it).
             if self.journal.is_synced:
                 for record, request_id, value in sent:
                     self._produce(record, request_id, value)
+
+    def _is_cancelled(self, dispatch: Dispatch) -> bool:
+        effect = self.journal.entry(dispatch.request_id)
+        return effect is not None and effect.state == EffectState.CANCELLED
 
     def route(self, dispatch: Dispatch, performer: Performer) -> None:
         """Journal `dispatch` and pass it on to `performer` (module docstring). What either
@@ -226,7 +260,7 @@ class JournaledIntake:
         if dispatch.kind == INVOKE:
             found = self.journal.begin(dispatch, now)
             if found is None:
-                performer.submit(dispatch)
+                self._hand_over(dispatch, performer)
             elif found.state == EffectState.DONE and found.answer is not None:
                 self._resend(found.answer, found.request_id)  # redelivered: re-send, do not rerun
             return
@@ -237,12 +271,42 @@ class JournaledIntake:
                 self.journal.cancel(dispatch.thread_id, call_id, now)
         elif dispatch.kind == APPROVAL_DECISION:
             self.journal.follow(dispatch, now)
-        performer.submit(dispatch)
+        self._hand_over(dispatch, performer)
+
+    def _hand_over(self, dispatch: Dispatch, performer: Performer) -> None:
+        """`performer.submit(dispatch)`; if the tool raises, the call is answered with its error."""
+        try:
+            performer.submit(dispatch)
+        except TOOL_ERRORS as error:
+            self._tool_raised(dispatch, performer, error, f"when handed its {dispatch.kind} dispatch")
+
+    def _tool_raised(self, dispatch: Dispatch, performer: Performer, error: BaseException, when: str) -> None:
+        """Log `error` once, and answer with it the call `dispatch` leaves unanswered (if any)."""
+        log.error("tool %s raised %s", dispatch.tool, when, exc_info=error, extra=_where(dispatch))
+        owed = self._owed(dispatch)
+        if owed is not None:
+            performer.failed(owed.dispatch, error)
+
+    def _owed(self, dispatch: Dispatch) -> Effect | None:
+        """The running effect whose answer `dispatch` was to lead to: an invoke's own, an
+        approval decision's call. None for a cancel or close_thread: the journal cancelled
+        those effects, and the fold answered their calls when it cancelled them. None also
+        if the tool answered before it raised (the call is settled)."""
+        if dispatch.kind == INVOKE:
+            effect = self.journal.entry(dispatch.request_id)
+            running = effect is not None and effect.state in (EffectState.DISPATCHED, EffectState.UNKNOWN)
+            return effect if running else None
+        if dispatch.kind == APPROVAL_DECISION:
+            return self.journal.running_effect(dispatch.thread_id, dispatch.call_id)
+        return None
 
     # --- start-up and upkeep -----------------------------------------------------------
 
     def recover(self, performer: Performer) -> None:
-        """Re-send, reconcile or re-run what the previous process left (module docstring)."""
+        """Re-send, reconcile or re-run what the previous process left (module docstring).
+        A tool whose `reconcile` raises cannot say whether the effect happened: the call is
+        answered with its error and not run again (a tool with an outside effect runs at
+        most once; the model may call it again)."""
         now = self._clock()
         pruned = self.prune()
         found = self.journal.recover(now)
@@ -254,17 +318,25 @@ class JournaledIntake:
             elif effect.state == EffectState.UNKNOWN:
                 with log_fields(thread_id=effect.dispatch.thread_id, request_id=effect.request_id):
                     # Before any retry: did the effect happen? (the tool answers if it did)
-                    if performer.reconcile(effect.dispatch):
+                    if self._reconciled(effect.dispatch, performer):
                         reconciled += 1
                         continue
                     self.journal.restart(effect.request_id, now)
-                    performer.submit(effect.dispatch)
-                    for followup in effect.followups:
-                        performer.submit(followup)
+                    for dispatch in (effect.dispatch, *effect.followups):
+                        self._hand_over(dispatch, performer)
                     rerun += 1
         if found or pruned:
             log.info("journal recovered: %d answers re-sent, %d effects reconciled, %d re-run, %d pruned",
                      resent, reconciled, rerun, pruned)
+
+    def _reconciled(self, dispatch: Dispatch, performer: Performer) -> bool:
+        """`performer.reconcile(dispatch)`; if the tool raises, the call is answered with its error."""
+        try:
+            return performer.reconcile(dispatch)
+        except TOOL_ERRORS as error:
+            self._tool_raised(dispatch, performer, error,
+                              "when asked whether a call ran: answered with its error, not run again")
+            return True
 
     def prune(self) -> int:
         """Forget settled effects older than the retention; return how many."""
@@ -275,3 +347,7 @@ class JournaledIntake:
         """`prune`, if the last one is `PRUNE_SECONDS` old."""
         if time.monotonic() - self._last_prune >= PRUNE_SECONDS:
             self.prune()
+
+
+def _where(dispatch: Dispatch) -> dict[str, object]:
+    return {"thread_id": dispatch.thread_id, "request_id": dispatch.request_id}

@@ -159,7 +159,7 @@ class EffectJournal:
 
     def follow(self, dispatch: Dispatch, now_ms: int) -> bool:
         """Keep a dispatch for the call's running effect (an approval decision); False: none runs."""
-        effect = self._running(dispatch.thread_id, dispatch.call_id)
+        effect = self.running_effect(dispatch.thread_id, dispatch.call_id)
         if effect is None:
             return False
         if all(f.request_id != dispatch.request_id or f.kind != dispatch.kind for f in effect.followups):
@@ -171,14 +171,15 @@ class EffectJournal:
         return [e.dispatch.call_id for e in self.effects()
                 if e.dispatch.thread_id == thread_id and e.state not in FINISHED]
 
-    def _running(self, thread_id: str, call_id: str) -> Effect | None:
+    def running_effect(self, thread_id: str, call_id: str) -> Effect | None:
+        """The call's latest effect, if it is not finished (None: none runs)."""
         request = self._get(_call_key(thread_id, call_id))
         effect = None if request is None else self.entry(request.decode())
         return None if effect is None or effect.state in FINISHED else effect
 
     def cancel(self, thread_id: str, call_id: str, now_ms: int) -> str | None:
         """Cancel the call's running effect; return its request id (None: nothing ran)."""
-        effect = self._running(thread_id, call_id)
+        effect = self.running_effect(thread_id, call_id)
         if effect is None:
             return None
         cancelled = dataclasses.replace(effect, state=EffectState.CANCELLED, updated_at=now_ms)

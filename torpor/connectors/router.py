@@ -4,6 +4,8 @@ Local mode hands every committed dispatch to one object; the router passes it to
 connector that serves `dispatch.tool`. A dispatch for a tool nobody serves is answered
 at once with an error result, so the call settles instead of hanging (the fold only
 dispatches tools the thread was granted, so this is a configuration mistake: logged).
+A connector whose tool raised answers through `failed` (the intake calls it), so the
+error result carries that connector's source, as its own answers do.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from torpor.connectors.inprocess import INVOKE, InProcessConnector, InputSink, text
+from torpor.connectors.inprocess import INVOKE, InProcessConnector, InputSink, failure, text
 from torpor.schemas.ids import derive_id
-from torpor.schemas.records import Dispatch, Input, ToolResult, ToolSpec
+from torpor.schemas.records import ContentBlock, Dispatch, Input, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +54,31 @@ class ToolRouter:
             return
         log.error("no connector serves tool %r", dispatch.tool, extra={"thread_id": dispatch.thread_id})
         if dispatch.kind == INVOKE:
-            result = ToolResult(
-                dispatch.call_id, dispatch.request_id, False, text("no such tool here"), False
+            self._answer(dispatch, text("no such tool here"))
+
+    def failed(self, dispatch: Dispatch, error: BaseException) -> None:
+        """The call's tool raised `error`: its connector answers with the error result."""
+        connector = self._by_tool.get(dispatch.tool)
+        if connector is not None:
+            connector.failed(dispatch, error)
+        else:
+            self._answer(dispatch, failure(dispatch, error))
+
+    def _answer(self, dispatch: Dispatch, content: tuple[ContentBlock, ...]) -> None:
+        """An error result for a call no connector here serves, so it settles instead of hanging."""
+        result = ToolResult(dispatch.call_id, dispatch.request_id, False, content, False)
+        self._sink(
+            Input(
+                message_id=derive_id(dispatch.request_id, "result"),
+                thread_id=dispatch.thread_id,
+                created_at=dispatch.created_at,
+                source="connector:router",
+                expires_at=None,
+                key_id=None,
+                signature=None,
+                body=result,
             )
-            self._sink(
-                Input(
-                    message_id=derive_id(dispatch.request_id, "result"),
-                    thread_id=dispatch.thread_id,
-                    created_at=dispatch.created_at,
-                    source="connector:router",
-                    expires_at=None,
-                    key_id=None,
-                    signature=None,
-                    body=result,
-                )
-            )
+        )
 
     def reconcile(self, dispatch: Dispatch) -> bool:
         connector = self._by_tool.get(dispatch.tool)

@@ -31,7 +31,8 @@ Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=..
 
 Message ids of answers derive from the request id (`InProcessConnector.produce`), so any
 answer produced twice (a re-run after a crash, a re-sent stored answer) is one input to
-the fold. A tool that raises answers with an error result (`InProcessConnector.start`).
+the fold. A tool that raises answers with an error result: in its task
+(`InProcessConnector.start`), or when it is handed a dispatch (`connectors.intake`).
 
 The journal discipline itself (route, send, recover) is `connectors.intake`, shared with
 the Faust adapter; this module is its confluent-kafka transport.
@@ -101,6 +102,8 @@ class Connector(Protocol):
     def submit(self, dispatch: Dispatch) -> None: ...
 
     def reconcile(self, dispatch: Dispatch) -> bool: ...
+
+    def failed(self, dispatch: Dispatch, error: BaseException) -> None: ...
 
     async def close(self) -> None: ...
 
