@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 V = TypeVar("V")
 
 PREFIX: Final = "torpor."
+INVOKE: Final = "invoke"  # the dispatch kind that runs a call (connectors' constant: not importable here)
 POLL_S: Final = 0.05
 """How long the loop waits for a wake-up when idle-but-busy (timers, tools): a backstop;
 every append to `inputs` and every finished model call wakes it at once."""
@@ -76,6 +77,10 @@ class Connectors(Protocol):
 
     def submit(self, dispatch: Dispatch) -> None:
         """A committed dispatch, at least once."""
+        ...
+
+    def failed(self, dispatch: Dispatch, error: BaseException) -> None:
+        """Answer `dispatch`'s call (an invoke) with the error result of a tool that raised."""
         ...
 
     @property
@@ -286,7 +291,21 @@ class LocalRuntime:
             fresh = self.log.read(self.topics.outbox, partition, self._outbox_positions[partition])
             self._outbox_positions[partition] += len(fresh)
             for record in fresh:
-                self.connectors.submit(record.value)
+                self._hand_over(record.value)
+
+    def _hand_over(self, dispatch: Dispatch) -> None:
+        """`submit`; a tool that raises has its call answered with its error, and the other
+        dispatches are still handed out (their outbox position has moved past them).
+        KeyboardInterrupt and SystemExit propagate; a CancelledError here is the tool's
+        (this loop never awaits in between)."""
+        try:
+            self.connectors.submit(dispatch)
+        except (Exception, asyncio.CancelledError) as error:
+            where = {"thread_id": dispatch.thread_id, "request_id": dispatch.request_id}
+            log.error("tool %s raised when handed its %s dispatch", dispatch.tool, dispatch.kind,
+                      exc_info=error, extra=where)
+            if dispatch.kind == INVOKE:  # a cancel's or close's call was answered by the fold
+                self.connectors.failed(dispatch, error)
 
     async def close(self) -> None:
         """Stop model calls and connectors, close the stores, remove a temp directory."""
