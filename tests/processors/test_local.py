@@ -110,7 +110,8 @@ def test_refolding_the_recorded_inputs_gives_the_same_rows_and_heads(demo: Local
     for thread_id, head in heads.items():
         state = load_state(replayed, thread_id)
         assert state is not None and state.head == head
-    root_state = decode_state(live[keys.state_key(demo.thread_id)] or b"")
+    root = demo.thread_id
+    root_state = decode_state(live[keys.state_key(root)] or b"", live.get(keys.config_key(root)))
     assert root_state.status is Status.STOPPED
 
 

@@ -12,10 +12,10 @@ from tests.processors.test_fold_properties import CHOICES, session
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import CallKind, PendingCall, Status, ThreadState
 from torpor.processors.step import StepRecord, step
-from torpor.processors.store import statecodec
+from torpor.processors.store import keys, statecodec
 from torpor.processors.store.kv import MemoryStore
 from torpor.processors.store.statecodec import (
-    decode,
+    WITHOUT_CONFIG,
     decode_entry,
     decode_input,
     decode_request,
@@ -29,6 +29,19 @@ from torpor.processors.store.statecodec import (
 from torpor.processors.store.tables import load_state, read_entries
 from torpor.schemas.codec import canonical_bytes, decode_value, encode_value
 from torpor.schemas.records import HistoryEntry, ImageBlock, Input, ThinkingBlock, UserMessage
+
+
+def canonical_rows(state: ThreadState) -> tuple[bytes, bytes]:
+    """The state row and config row `state` must encode to: one sorted dump of its fields but
+    its config (after `WITHOUT_CONFIG`), and one of its config (what a cold replay writes)."""
+    fields = statecodec._record_to(state)
+    config = fields.pop("config")
+    return WITHOUT_CONFIG + statecodec._dumps(fields).encode(), statecodec._dumps(config).encode()
+
+
+def decoded(rows: tuple[bytes, bytes]) -> ThreadState:
+    """The state the rows hold, decoded from the bytes (no thread id: the memo is not asked)."""
+    return decode_state(*rows)
 
 
 def a_state():  # type: ignore[no-untyped-def]
@@ -46,14 +59,14 @@ def test_a_state_round_trips_with_enums_unions_and_deferred_inputs() -> None:
     )
     call = PendingCall("c1", "search", "{}", False, CallKind.TOOL, "r1", 5, 0)
     richer = dataclasses.replace(state, status=Status.AWAITING_TOOLS, deferred=(held,), pending_calls=(call,))
-    # The bytes themselves, decoded (decode_state would answer from its memo).
-    assert decode(ThreadState, encode_state(richer)) == richer
+    # The bytes themselves, decoded (decode_state with a thread id would answer from its memo).
+    assert decoded(encode_state(richer)) == richer
     assert encode_state(richer) == encode_state(dataclasses.replace(richer))
 
 
 def test_equal_states_give_equal_bytes_whatever_the_construction_order() -> None:
     _, state = a_state()
-    again = decode(ThreadState, encode_state(state))
+    again = decoded(encode_state(state))
     assert again is not state and encode_state(again) == encode_state(state)
 
 
@@ -82,8 +95,12 @@ def test_a_thread_s_older_state_row_decodes_to_itself_not_to_the_latest_one() ->
     old = encode_state(state)
     newer = dataclasses.replace(state, version=state.version + 1)
     encode_state(newer)  # now the thread's latest known row
-    assert decode_state(old, state.thread_id) == state
-    assert decode_state(encode_state(newer), state.thread_id) is newer  # the memo's hit
+    assert decode_state(*old, state.thread_id) == state
+    assert decode_state(*encode_state(newer), state.thread_id) is newer  # the memo's hit
+    other_config = dataclasses.replace(newer.config, system_prompt="another")
+    state_row = encode_state(newer)[0]
+    config_row = encode_state(dataclasses.replace(newer, config=other_config))[1]
+    assert decode_state(state_row, config_row, state.thread_id).config == other_config  # a hit needs both
 
 
 def test_a_memoised_entry_or_state_is_the_value_its_bytes_decode_to() -> None:
@@ -91,8 +108,8 @@ def test_a_memoised_entry_or_state_is_the_value_its_bytes_decode_to() -> None:
     for entry in read_entries(store, "t1"):
         raw = encode_entry(entry)
         assert decode_entry(raw) == decode_value(raw, HistoryEntry)
-    raw = encode_state(state)
-    assert decode_state(raw, state.thread_id) == decode(ThreadState, raw)
+    rows = encode_state(state)
+    assert decode_state(*rows, state.thread_id) == decoded(rows)
 
 
 def test_a_state_s_bytes_are_one_sorted_dump_of_its_fields() -> None:
@@ -106,8 +123,10 @@ def test_a_state_s_bytes_are_one_sorted_dump_of_its_fields() -> None:
     held = Input("m2", "t1", 6, "user:u", 99, "k", b"\x00\xff", create(config(), initial="\u00e9t\u00e9"))
     call = PendingCall("c1", "search", "{}", False, CallKind.TOOL, "r1", 5, 0)
     for value in (state, dataclasses.replace(state, deferred=(held,), pending_calls=(call,))):
-        plain = json.dumps(_record_to(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        assert encode_state(value) == plain.encode()
+        fields = _record_to(value)
+        inner = json.dumps(fields.pop("config"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        plain = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert encode_state(value) == (WITHOUT_CONFIG + plain.encode(), inner.encode())
 
 
 def test_a_history_row_framed_from_the_folds_bytes_is_the_row_encoded_afresh() -> None:
@@ -136,10 +155,10 @@ def test_a_state_written_field_by_field_is_the_one_sorted_dump_of_it(choices: li
     # canonical dump of the whole record, for every state a lifecycle goes through.
     world = session(choices)
     for state in (t.state for t in world.transitions if t.state is not None):
-        whole = statecodec._dumps(statecodec._record_to(state)).encode()
-        assert encode_state(state) == whole == encode_state(state)
+        assert encode_state(state) == canonical_rows(state) == encode_state(state)
+        assert decoded(encode_state(state)) == state
     unicode = dataclasses.replace(a_state()[1], park_reason="zu groß \u2028 \"quoted\" \\", turns=-3)
-    assert encode_state(unicode) == statecodec._dumps(statecodec._record_to(unicode)).encode()
+    assert encode_state(unicode) == canonical_rows(unicode)
 
 
 def test_a_state_drafted_from_the_last_one_written_reuses_its_pieces_and_writes_the_same_bytes() -> None:
@@ -151,10 +170,10 @@ def test_a_state_drafted_from_the_last_one_written_reuses_its_pieces_and_writes_
     following = dataclasses.replace(state, pending_calls=(call,), turns=state.turns + 1, park_reason="p")
     earlier = statecodec._STATES.pieces(state.thread_id)
     assert earlier is not None and earlier[0][0] is state.answered_calls  # sorted: answered_calls first
-    assert encode_state(following) == statecodec._dumps(statecodec._record_to(following)).encode()
+    assert encode_state(following) == canonical_rows(following)
     # Back to the first state's values through other objects: the pieces follow the values.
     again = dataclasses.replace(following, pending_calls=(), turns=state.turns, park_reason=None)
-    assert encode_state(again) == statecodec.encode(state)
+    assert encode_state(again) == canonical_rows(state)
 
 
 def test_records_of_one_field_or_none_encode_as_one_sorted_dump() -> None:
@@ -170,3 +189,32 @@ def test_records_of_one_field_or_none_encode_as_one_sorted_dump() -> None:
 
     assert statecodec.encode(One(3)) == b'{"x":3}'
     assert statecodec.encode(Zero()) == b"{}"
+
+
+def test_a_state_row_of_the_older_form_is_read_and_the_next_input_writes_both_rows() -> None:
+    store, state = a_state()
+    # As a store written before the config row existed: the config inline, no config row.
+    store.apply(((keys.state_key("t1"), statecodec.encode(state)), (keys.config_key("t1"), None)))
+    assert load_state(store, "t1") == state
+    out = step(store, [StepRecord(Input("m9", "t1", 7, "user:u", None, None, None, user("hi")), 0, 1)])
+    assert [r.disposition for r in out.receipts] == ["applied"]
+    raw = store.get(keys.state_key("t1"))
+    assert raw is not None and raw[:1] == WITHOUT_CONFIG
+    assert store.get(keys.config_key("t1")) == encode_state(state)[1]
+    assert load_state(store, "t1") == decoded((raw, encode_state(state)[1]))
+
+
+def test_the_config_row_is_written_at_the_creation_and_not_again_by_inputs_that_keep_it() -> None:
+    store = MemoryStore()
+    made = step(store, [StepRecord(Input("m1", "t1", 5, "user:u", None, None, None, create(config())), 0, 0)])
+    assert [k for k, _ in made.changes].count(keys.config_key("t1")) == 1
+    said = step(store, [StepRecord(Input("m2", "t1", 6, "user:u", None, None, None, user("hi")), 0, 1)])
+    changed = [k for k, _ in said.changes]
+    assert keys.state_key("t1") in changed and keys.config_key("t1") not in changed
+
+
+def test_a_state_row_without_its_config_row_is_refused_loudly() -> None:
+    _, state = a_state()
+    raw, _ = encode_state(state)
+    with pytest.raises(ValueError, match="no config row"):
+        decode_state(raw, None)

@@ -457,7 +457,13 @@ def _write_state(
     rows: Overlay, thread_id: str, state: ThreadState | None, requested: RequestCompletion | None
 ) -> None:
     if state is not None:
-        rows.put(keys.state_key(thread_id), encode_state(state))
+        raw, config = encode_state(state)
+        rows.put(keys.state_key(thread_id), raw)
+        # The config row is written only when it changes (a creation, a model switch, a
+        # state row of the older form carried it inline): most inputs leave it alone.
+        key = keys.config_key(thread_id)
+        if rows.get(key) != config:
+            rows.put(key, config)
     elif rows.get(keys.state_key(thread_id)) is not None:
         rows.delete(keys.state_key(thread_id))
     # The awaiting-model index: one row per thread with a completion in flight, so a

@@ -7,7 +7,8 @@ prefix (`00000002 't1'`) cannot match `t10` (`00000003 't10'`), which a plain
 
 After the prefix comes one byte naming the kind of row, then the row's own key::
 
-    len|thread|S                 the thread's state (statecodec)
+    len|thread|S                 the thread's state but its config (statecodec)
+    len|thread|F                 the thread's config (canonical JSON), written when it changes
     len|thread|H|seq(8 BE)       history entry `seq` (big-endian: scans come out in seq order)
     len|thread|M|message_id      message id seen (value: its senders' digests): a copy is a
                                  duplicate; kept when the thread is deleted
@@ -36,6 +37,7 @@ _LEN: Final = struct.Struct(">I")
 _SEQ: Final = struct.Struct(">Q")
 
 STATE: Final = b"S"
+CONFIG: Final = b"F"
 HISTORY: Final = b"H"
 SEEN: Final = b"M"
 SUMMARY: Final = b"C"
@@ -60,6 +62,10 @@ def thread_prefix(thread_id: str) -> bytes:
 
 def state_key(thread_id: str) -> bytes:
     return thread_prefix(thread_id) + STATE
+
+
+def config_key(thread_id: str) -> bytes:
+    return thread_prefix(thread_id) + CONFIG
 
 
 def history_prefix(thread_id: str) -> bytes:

@@ -33,7 +33,11 @@ from torpor.schemas.records import HistoryEntry, SummaryEntry
 def load_state(store: Store, thread_id: str) -> ThreadState | None:
     """The thread's state, or None when the thread does not exist (or was deleted)."""
     raw = store.get(keys.state_key(thread_id))
-    return None if raw is None else decode_state(raw, thread_id)
+    if raw is None:
+        return None
+    # A state row of the older form holds its config: no second read (`WITHOUT_CONFIG`).
+    config = None if raw[:1] == b"{" else store.get(keys.config_key(thread_id))
+    return decode_state(raw, config, thread_id)
 
 
 SENDERS_KEPT: Final = 8
