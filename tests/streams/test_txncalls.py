@@ -141,3 +141,17 @@ def test_watched_calls_run_off_the_calling_thread_on_one_worker_per_caller() -> 
     other.start()
     other.join(30)
     assert elsewhere and elsewhere[0] not in (first, here)  # another caller's calls never queue behind ours
+
+
+def test_a_callers_worker_thread_ends_when_the_calling_thread_ends() -> None:
+    def runner(timeout: float) -> threading.Thread:
+        return threading.current_thread()
+
+    workers: list[threading.Thread] = []
+    caller = threading.Thread(target=lambda: workers.append(watched("commit_transaction", runner, 1.0, 1.0)))
+    caller.start()
+    caller.join(30)
+    [worker] = workers
+    # Its thread-local worker is collected with the caller; the finalizer tells the thread to end.
+    worker.join(60)
+    assert not worker.is_alive(), f"{worker.name} idles on after its caller ended"

@@ -34,6 +34,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Final, TypeVar, cast
 
@@ -226,10 +227,14 @@ class _CallWorker:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        # A daemon thread: if librdkafka never returns, the process can still exit.
+        # A daemon thread: if librdkafka never returns, the process can still exit. It holds
+        # the queue, not this worker: when the calling thread ends, its thread-local worker
+        # is collected, and the finalizer ends the thread (it used to idle on forever).
         caller = threading.current_thread().name
-        self._thread = threading.Thread(target=self._serve, name=f"torpor-txn-calls-of-{caller}", daemon=True)
+        self._thread = threading.Thread(target=_serve, args=(self._jobs,),
+                                        name=f"torpor-txn-calls-of-{caller}", daemon=True)
         self._thread.start()
+        weakref.finalize(self, self._jobs.put, None)
 
     @classmethod
     def of_this_thread(cls) -> _CallWorker:
@@ -247,9 +252,11 @@ class _CallWorker:
         if getattr(self._of_thread, "worker", None) is self:
             del self._of_thread.worker
 
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            job.run()
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """A worker thread's loop: run each job in turn until told to end (None)."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        job.run()
