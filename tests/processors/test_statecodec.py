@@ -218,3 +218,15 @@ def test_a_state_row_without_its_config_row_is_refused_loudly() -> None:
     raw, _ = encode_state(state)
     with pytest.raises(ValueError, match="no config row"):
         decode_state(raw, None)
+
+
+def test_a_thread_created_again_in_another_store_gets_its_config_row() -> None:
+    # The memo is per process and a replay folds the very same records beside the live
+    # run: a creation must not take the live thread's remembered rows for its own.
+    record = Input("m1", "t1", 5, "user:u", None, None, None, create(config()))
+    live, replay = MemoryStore(), MemoryStore()
+    step(live, [StepRecord(record, 0, 0)])
+    step(live, [StepRecord(Input("m2", "t1", 6, "user:u", None, None, None, user("hi")), 0, 1)])
+    step(replay, [StepRecord(record, 0, 0)])
+    assert replay.get(keys.config_key("t1")) == live.get(keys.config_key("t1")) is not None
+    assert load_state(replay, "t1") is not None

@@ -75,7 +75,7 @@ from torpor.processors.fold.transitions import fold, park_on_failure, refuse_at_
 from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
-from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state
+from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state_rows
 from torpor.processors.store.tables import (
     is_seen_in,
     load_state,
@@ -421,7 +421,7 @@ def _interpret(
         raise RuntimeError(f"the fold returned no receipt for input {record.input.message_id}")
     if remember is not None:
         rows.put(remember, with_sender(seen_row if known_seen else rows.get(remember), sender))
-    _write_state(rows, thread_id, transition.state, requested)
+    _write_state(rows, thread_id, before, transition.state, requested)
 
 
 _copy_receipt: Final = slot_copier(Receipt)
@@ -454,15 +454,20 @@ def _delete_thread(rows: Overlay, thread_id: str) -> None:
 
 
 def _write_state(
-    rows: Overlay, thread_id: str, state: ThreadState | None, requested: RequestCompletion | None
+    rows: Overlay, thread_id: str, before: ThreadState | None, state: ThreadState | None,
+    requested: RequestCompletion | None,
 ) -> None:
     if state is not None:
-        raw, config = encode_state(state)
+        raw, config, kept = encode_state_rows(state)
         rows.put(keys.state_key(thread_id), raw)
         # The config row is written only when it changes (a creation, a model switch, a
-        # state row of the older form carried it inline): most inputs leave it alone.
+        # state row of the older form carried it inline): most inputs leave it alone, and
+        # most of those are known to (`kept`) without reading the row. `kept` speaks of the
+        # rows `before` was read from: with no `before` (a creation) the memo may speak of
+        # another store's thread of that id (a replay beside the live run); but then the
+        # thread has no config row (a deletion takes it), so it is written unread.
         key = keys.config_key(thread_id)
-        if rows.get(key) != config:
+        if before is None or (not kept and rows.get(key) != config):
             rows.put(key, config)
     elif rows.get(keys.state_key(thread_id)) is not None:
         rows.delete(keys.state_key(thread_id))

@@ -346,33 +346,46 @@ class _Recent(typing.Generic[T]):
             self._values.popitem(last=False)
 
 
+_Entry = tuple[bytes, "bytes | None", ThreadState, "tuple[_Values, _Parts] | None"]
+"""A thread's state row, config row (None: the state row holds it), state, and pieces."""
+
+
 class _Latest:
-    """The last state row written or read per thread, with the bytes it came from.
+    """The last state rows written or read per thread, with the state they hold.
 
     A thread's state changes at every input, so memoising by bytes alone filled the map
     with dead versions (four per turn); this keeps one per thread, the one the next read
-    finds. A hit needs the stored bytes to equal the row's: the store stays the truth.
-    Shared by the fold's thread and the model stage's, hence only single dict operations
-    (atomic under the GIL) and an eviction that tolerates a concurrent change.
+    finds. A hit needs the stored rows to equal the ones remembered: the store stays the
+    truth. Shared by the fold's thread and the model stage's, hence only single dict
+    operations (atomic under the GIL) and an eviction that tolerates a concurrent change.
+    An entry has pieces only if `encode_state` made it: then its rows are the ones the
+    thread's next state was drafted from, since the step reads the rows back before every
+    fold (a read that misses replaces the entry with one without pieces).
     """
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._by_thread: dict[str, tuple[bytes, ThreadState, tuple[_Values, _Parts] | None]] = {}
+        self._by_thread: dict[str, _Entry] = {}
 
-    def get(self, thread_id: str, raw: bytes) -> ThreadState | None:
+    def get(self, thread_id: str, raw: bytes, config: bytes | None) -> ThreadState | None:
         hit = self._by_thread.get(thread_id)
-        return hit[1] if hit is not None and hit[0] == raw else None
+        return hit[2] if hit is not None and hit[0] == raw and hit[1] == config else None
+
+    def encoded(self, thread_id: str) -> tuple[bytes | None, tuple[_Values, _Parts]] | None:
+        """The config row and the field values and pieces of the thread's latest state, if
+        `encode_state` wrote it."""
+        hit = self._by_thread.get(thread_id)
+        return None if hit is None or hit[3] is None else (hit[1], hit[3])
 
     def pieces(self, thread_id: str) -> tuple[_Values, _Parts] | None:
         """The field values and encoded pieces of the thread's latest state, if encoded here."""
         hit = self._by_thread.get(thread_id)
-        return None if hit is None else hit[2]
+        return None if hit is None else hit[3]
 
-    def put(self, thread_id: str, raw: bytes, state: ThreadState,
+    def put(self, thread_id: str, raw: bytes, config: bytes | None, state: ThreadState,
             parts: tuple[_Values, _Parts] | None = None) -> None:
         self._by_thread.pop(thread_id, None)  # re-inserted last: evicted last
-        self._by_thread[thread_id] = (raw, state, parts)
+        self._by_thread[thread_id] = (raw, config, state, parts)
         while len(self._by_thread) > self._capacity:
             try:
                 self._by_thread.pop(next(iter(self._by_thread)), None)
@@ -406,20 +419,33 @@ def _config_at() -> int:
 
 
 def encode_state(state: ThreadState) -> tuple[bytes, bytes]:
-    """The state row's bytes and the config row's; remembered, so the next read is a hit.
+    """The state row's bytes and the config row's (`encode_state_rows`)."""
+    raw, config, _ = encode_state_rows(state)
+    return raw, config
 
-    The step writes a state and the next input of the thread (or the model stage) reads
-    it back: without this every such read was a miss and a full JSON decode. The pieces
-    are remembered too: the thread's next state, drafted from this one, re-encodes only
-    the fields that changed (`_parts`), and the config's text is remembered by identity.
-    The two rows decode to exactly `state` (`decode_state`).
+
+def encode_state_rows(state: ThreadState) -> tuple[bytes, bytes, bool]:
+    """The state row's bytes, the config row's, and whether the config row is the one the
+    thread's rows already hold (`kept`: the state this one was drafted from, as just read
+    from them, had this very config object, so the row need not be read to compare). Only
+    meaningful when the caller read a state for the thread first: for a creation the memo
+    may speak of a thread of that id in another store (a replay beside the live run).
+
+    Remembered, so the next read is a hit: the step writes a state and the next input of
+    the thread (or the model stage) reads it back; without this every such read was a
+    miss and a full JSON decode. The pieces are remembered too: the thread's next state,
+    drafted from this one, re-encodes only the fields that changed (`_parts`). The two
+    rows decode to exactly `state` (`decode_state`).
     """
-    values, pieces = _parts(state, _STATES.pieces(state.thread_id))
+    earlier = _STATES.encoded(state.thread_id)
+    values, pieces = _parts(state, None if earlier is None else earlier[1])
     at = _config_at()
     raw = WITHOUT_CONFIG + _joined(pieces[:at] + pieces[at + 1:])
-    config = pieces[at][_CONFIG_PREFIX_LEN:].encode()
-    _STATES.put(state.thread_id, raw + config, state, (values, pieces))
-    return raw, config
+    kept = earlier is not None and earlier[0] is not None and earlier[1][0][at] is values[at]
+    config = earlier[0] if kept and earlier is not None and earlier[0] is not None \
+        else pieces[at][_CONFIG_PREFIX_LEN:].encode()
+    _STATES.put(state.thread_id, raw, config, state, (values, pieces))
+    return raw, config, kept
 
 
 _CONFIG_PREFIX_LEN: Final = len('"config":')
@@ -431,20 +457,23 @@ def decode_state(raw: bytes, config: bytes | None, thread_id: str | None = None)
     they are `thread_id`'s latest known rows."""
     raw = bytes(raw)
     inline = raw[:1] == b"{"
-    if not inline and config is None:
+    if inline:
+        config = None  # the older form holds its config: a config row left beside it is not read
+    elif config is None:
         raise ValueError("a state row without its config inline, and no config row")
-    key = raw if inline else raw + bytes(config or b"")
+    else:
+        config = bytes(config)
     if thread_id is not None:
-        found = _STATES.get(thread_id, key)
+        found = _STATES.get(thread_id, raw, config)
         if found is not None:
             return found
-    if inline:
+    if config is None:
         state = decode(ThreadState, raw)
     else:
         fields = typing.cast(dict[str, object], json.loads(raw[1:]))
-        fields["config"] = json.loads(config or b"")
+        fields["config"] = json.loads(config)
         state = typing.cast(ThreadState, _record_from(ThreadState, fields))
-    _STATES.put(state.thread_id, key, state)
+    _STATES.put(state.thread_id, raw, config, state)
     return state
 
 
