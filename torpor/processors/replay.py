@@ -52,6 +52,7 @@ from torpor.processors.restoring import MemoryTarget
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import keys
 from torpor.processors.store.kv import MemoryStore, RocksStore, Store
+from torpor.processors.store.statecodec import decode_state, state_rows
 from torpor.processors.store.tables import load_state, read_entries
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, RetriableError
@@ -316,19 +317,50 @@ def thread_head(store: Store, thread_id: str) -> ThreadHead | None:
     for entry in read_entries(store, thread_id):
         chained = advance(chained, entry)
         count += 1
-    digest = hashlib.sha256()
-    for key, value in store.iterate(keys.thread_prefix(thread_id)):
-        digest.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
     return ThreadHead(thread_id, str(state.status), state.history_len, state.head, count, chained,
-                      digest.hexdigest())
+                      _rows_digest(store, thread_id))
+
+
+def _rows_digest(store: Store, thread_id: str) -> str:
+    """sha256 over every row of the thread, key and value, in key order. A state row of the
+    older form (its config inline) counts as the two rows the thread's next input rewrites
+    it to (`state_rows`), so a thread idle since the config row came in still matches."""
+    rows = dict(store.iterate(keys.thread_prefix(thread_id)))
+    state_key = keys.state_key(thread_id)
+    state = rows.get(state_key)
+    if state is not None and state[:1] == b"{":
+        rows[state_key], rows[keys.config_key(thread_id)] = state_rows(decode_state(state, None))
+    digest = hashlib.sha256()
+    for key in sorted(rows):
+        value = rows[key]
+        digest.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
+    return digest.hexdigest()
+
+
+def _thread_ids_with_rows(store: Store) -> list[str]:
+    """Every thread with a row in `store`, a state row or not (a deleted thread keeps its seen rows)."""
+    found: list[str] = []
+    for key, _ in store.iterate(b""):
+        size = int.from_bytes(key[:4], "big")
+        if size == 0:
+            continue
+        thread_id = key[4:4 + size].decode("utf-8")
+        if not found or found[-1] != thread_id:  # key order: a thread's rows are together
+            found.append(thread_id)
+    return found
 
 
 def thread_heads(stores: Mapping[int, Store], only: str | None = None) -> dict[str, ThreadHead]:
-    """Heads of every thread of `stores` (or of thread `only`), by thread id."""
+    """Heads of every thread of `stores` (or of thread `only`), by thread id. A deleted thread
+    (rows but no state: its seen rows, which decide whether a copy of its inputs is a
+    duplicate) has a head too, status `deleted`, so a replay compares its rows as well."""
     found: dict[str, ThreadHead] = {}
     for store in stores.values():
-        for thread_id in [only] if only is not None else thread_ids(store):
+        for thread_id in [only] if only is not None else _thread_ids_with_rows(store):
             head = thread_head(store, thread_id)
+            if head is None and next(iter(store.iterate(keys.thread_prefix(thread_id))), None) is not None:
+                head = ThreadHead(thread_id, "deleted", 0, GENESIS_HEAD, 0, GENESIS_HEAD,
+                                  _rows_digest(store, thread_id))
             if head is not None:
                 found[thread_id] = head
     return found

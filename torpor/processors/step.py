@@ -75,7 +75,7 @@ from torpor.processors.fold.transitions import fold, park_on_failure, refuse_at_
 from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
-from torpor.processors.store.statecodec import encode_entry, encode_request, encode_state_rows
+from torpor.processors.store.statecodec import WITHOUT_CONFIG, encode_entry, encode_request, encode_state_rows
 from torpor.processors.store.tables import (
     is_seen_in,
     load_state,
@@ -352,10 +352,10 @@ def _size_problem(rows: Overlay, thread_id: str, out: _Collected) -> str | None:
         if value is not None and len(value) > ROW_MAX_BYTES:
             return f"folding it would write a row of {len(value)} bytes, more than {ROW_MAX_BYTES}"
     if out.receipts and out.receipts[-1].disposition in (DEFERRED, PARKED):
-        state = rows.get(keys.state_key(thread_id))
-        if state is not None and len(state) > STATE_HOLD_MAX_BYTES:
+        size = _state_size(rows, thread_id)
+        if size is not None and size > STATE_HOLD_MAX_BYTES:
             return (f"the thread holds too many inputs already: holding this one makes its state "
-                    f"{len(state)} bytes, more than {STATE_HOLD_MAX_BYTES}; send it when the thread runs")
+                    f"{size} bytes, more than {STATE_HOLD_MAX_BYTES}; send it when the thread runs")
     for loopback in out.loopbacks:
         size = len(encode_value(loopback))
         if size + SIGNATURE_ROOM > MAX_INPUT_BYTES_CEILING:
@@ -363,6 +363,18 @@ def _size_problem(rows: Overlay, thread_id: str, out: _Collected) -> str | None:
                     f"before the processor signs it ({SIGNATURE_ROOM} kept for that), more than "
                     f"{MAX_INPUT_BYTES_CEILING}")
     return None
+
+
+def _state_size(rows: Overlay, thread_id: str) -> int | None:
+    """The size of the thread's state as one row with its config inline (the form before the
+    config row): the hold limit judges what it always judged, so a replay of an older log
+    refuses what the live run refused (review 20). The config is not first or last of the
+    sorted fields: inline it adds its `"config":` name and one comma, and drops the marker byte."""
+    raw = rows.get(keys.state_key(thread_id))
+    if raw is None or raw[:1] == b"{":
+        return None if raw is None else len(raw)
+    config = rows.get(keys.config_key(thread_id)) or b""
+    return len(raw) - len(WITHOUT_CONFIG) + len('"config":') + len(config) + 1
 
 
 def _merge(out: _Collected, mark: _Collected) -> None:

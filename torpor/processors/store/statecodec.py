@@ -451,6 +451,14 @@ def encode_state_rows(state: ThreadState) -> tuple[bytes, bytes, bool]:
 _CONFIG_PREFIX_LEN: Final = len('"config":')
 
 
+def state_rows(state: ThreadState) -> tuple[bytes, bytes]:
+    """The state row and config row `encode_state` writes for `state`, from one canonical
+    dump and without the memo: for readers that compare a state row of the older form."""
+    fields = _record_to(state)
+    config = fields.pop("config")
+    return WITHOUT_CONFIG + _dumps(fields).encode(), _dumps(config).encode()
+
+
 def decode_state(raw: bytes, config: bytes | None, thread_id: str | None = None) -> ThreadState:
     """The state the state row `raw` and the config row `config` hold (None: the thread has
     no config row, as a state row of the older form needs none); served from memory when

@@ -32,12 +32,21 @@ from torpor.schemas.records import HistoryEntry, SummaryEntry
 
 def load_state(store: Store, thread_id: str) -> ThreadState | None:
     """The thread's state, or None when the thread does not exist (or was deleted)."""
-    raw = store.get(keys.state_key(thread_id))
-    if raw is None:
-        return None
-    # A state row of the older form holds its config: no second read (`WITHOUT_CONFIG`).
-    config = None if raw[:1] == b"{" else store.get(keys.config_key(thread_id))
-    return decode_state(raw, config, thread_id)
+    key = keys.state_key(thread_id)
+    raw = store.get(key)
+    while raw is not None:
+        if raw[:1] == b"{":  # the older form holds its config: no second read (`WITHOUT_CONFIG`)
+            return decode_state(raw, None, thread_id)
+        config = store.get(keys.config_key(thread_id))
+        # Two reads: a reader beside the folding thread (the model stage) could get a state
+        # row and the config row of another moment (a deletion, a re-creation between them).
+        # The state row read again is the same: the pair is one moment's (the config row
+        # changes only with the state row).
+        again = store.get(key)
+        if again == raw:
+            return decode_state(raw, config, thread_id)
+        raw = again
+    return None
 
 
 SENDERS_KEPT: Final = 8
@@ -64,13 +73,16 @@ def _remembers(row: bytes, sender: bytes) -> bool:
 
 
 def with_sender(row: bytes | None, sender: bytes) -> bytes:
-    """The seen row `row` (None: none yet) remembering `sender` too, the oldest dropped past
-    `SENDERS_KEPT`; an empty row from before senders were kept stays as it is."""
+    """The seen row `row` (None: none yet) remembering `sender` too; past `SENDERS_KEPT` the
+    oldest is dropped, but never the first: the sender whose input made the row keeps it
+    spent, however many others reuse its id (review 20: eight senders a tenant's gateway
+    may sign for pushed an operator's stop out, and its copy was applied again). An empty
+    row from before senders were kept stays as it is."""
     if row is None:
         return sender
     if row == b"" or _remembers(row, sender):
         return row
-    return (row + sender)[-SENDERS_KEPT * _DIGEST:]
+    return row[:_DIGEST] + (row[_DIGEST:] + sender)[-(SENDERS_KEPT - 1) * _DIGEST:]
 
 
 def read_entries(
