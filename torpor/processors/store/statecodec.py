@@ -441,9 +441,10 @@ def encode_state_rows(state: ThreadState) -> tuple[bytes, bytes, bool]:
     values, pieces = _parts(state, None if earlier is None else earlier[1])
     at = _config_at()
     raw = WITHOUT_CONFIG + _joined(pieces[:at] + pieces[at + 1:])
-    kept = earlier is not None and earlier[0] is not None and earlier[1][0][at] is values[at]
-    config = earlier[0] if kept and earlier is not None and earlier[0] is not None \
-        else pieces[at][_CONFIG_PREFIX_LEN:].encode()
+    if earlier is not None and earlier[0] is not None and earlier[1][0][at] is values[at]:
+        kept, config = True, earlier[0]
+    else:
+        kept, config = False, pieces[at][_CONFIG_PREFIX_LEN:].encode()
     _STATES.put(state.thread_id, raw, config, state, (values, pieces))
     return raw, config, kept
 
