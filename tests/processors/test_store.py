@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from torpor.processors.fold.history import chain
 from torpor.processors.fold.state import GENESIS_HEAD
-from torpor.processors.store import keys
+from torpor.processors.store import keys, kv
 from torpor.processors.store.kv import Change, MemoryStore, Overlay, RocksStore, RowCache, Store, StoreOffsets
 from torpor.processors.store.statecodec import encode_entry
 from torpor.processors.store.tables import POINT_READS_UP_TO, _read_chained
@@ -208,3 +208,22 @@ def test_chained_reads_by_seq_and_by_scan_give_the_same_entries_and_head(
     assert _read_chained(store, "t", 0, length, GENESIS_HEAD) == (tuple(stored), chain(tuple(stored)))
     later = [e for e in stored if e.seq >= 2]
     assert _read_chained(store, "t", 2, length, GENESIS_HEAD) == (tuple(later), chain(tuple(later)))
+
+
+def test_the_store_bounds_set_for_the_process_are_the_ones_a_store_opens_with(tmp_path: Path) -> None:
+    before = kv._bounds
+    try:
+        made = kv._block_cache()  # the process's block cache exists from here on
+        kv.configure_memory(kv.StoreMemory(block_cache_bytes=before.block_cache_bytes,
+                                           row_cache_bytes=1 << 20, write_buffer_bytes=2 << 20))
+        store = RocksStore(tmp_path / "bounded")
+        try:
+            assert store._recent._capacity == 1 << 20
+        finally:
+            store.close()
+        assert kv._block_cache() is made
+        # A block cache of another size would need another cache: refused, not ignored.
+        with pytest.raises(RuntimeError, match="before any store opens"):
+            kv.configure_memory(kv.StoreMemory(block_cache_bytes=before.block_cache_bytes // 2))
+    finally:
+        kv.configure_memory(before)

@@ -13,6 +13,7 @@ from torpor.streams.config import (
     MANAGED_KEYS,
     TRANSACTION_TIMEOUT_MS,
     KafkaSettings,
+    MemorySettings,
     SaslMechanism,
     SchemaRegistrySettings,
     Secret,
@@ -175,6 +176,10 @@ def test_sections_of_other_packages_in_the_file_are_left_alone(tmp_path: Path) -
         ({"TORPOR_SASL_USERNAME": "u", "TORPOR_SASL_PASSWORD": "p"}, "set TORPOR_SECURITY_PROTOCOL"),
         ({"TORPOR_SCHEMA_REGISTRY_URL": "registry:8081"}, "set TORPOR_SCHEMA_REGISTRY_URL"),
         ({"TORPOR_CLIENT_ID_PREFIX": "has space"}, "set TORPOR_CLIENT_ID_PREFIX"),
+        ({"TORPOR_BLOCK_CACHE_MIB": "0"}, "set TORPOR_BLOCK_CACHE_MIB"),
+        ({"TORPOR_WRITE_BUFFER_MIB": "-8"}, "set TORPOR_WRITE_BUFFER_MIB"),
+        ({"TORPOR_ROW_CACHE_MIB": str(1 << 40)}, "set TORPOR_ROW_CACHE_MIB"),
+        ({"TORPOR_HISTORY_CACHE_ENTRIES": "many"}, "is not a whole number"),
     ],
 )
 def test_a_bad_variable_is_refused_with_what_to_fix(env: dict[str, str], expected: str) -> None:
@@ -358,3 +363,12 @@ def test_librdkafka_accepts_every_dict_it_is_given() -> None:
     Producer(producer_config(settings, transactional_id="t"))
     Consumer(consumer_config(settings, "g", instance_id="i")).close()
     AdminClient(admin_config(settings))
+
+
+def test_the_caches_are_bounded_by_the_memory_section_and_its_variables(tmp_path: Path) -> None:
+    assert load_settings({}, None).memory == MemorySettings(64, 8, 8, 49_152)
+    file = tmp_path / "torpor.toml"
+    file.write_text("[memory]\nblock_cache_mib = 16\nrow_cache_mib = 0\nhistory_cache_entries = 1000\n")
+    both = load_settings({"TORPOR_WRITE_BUFFER_MIB": "2", "TORPOR_BLOCK_CACHE_MIB": "32"}, file)
+    assert both.memory == MemorySettings(block_cache_mib=32, row_cache_mib=0, write_buffer_mib=2,
+                                         history_cache_entries=1000)

@@ -31,7 +31,9 @@ from torpor.cli.workers import supervise, worker_commands
 from torpor.processors.metrics import ProcessorMetrics
 from torpor.processors.models.providers.registry import ModelRouter
 from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
+from torpor.processors.models.stage import StageConfig
 from torpor.processors.processor import Processor, ProcessorConfig
+from torpor.processors.store.kv import StoreMemory, configure_memory
 from torpor.schemas.errors import ConfigError, TorporError
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
@@ -119,8 +121,14 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
     try:
         rules = load_rules(script) if script is not None else ()  # a bad script touches no topic
         ensured = ensure_topics(make_admin(settings), settings, Deadline.after(ENSURE_TOPICS_SECONDS))
+        memory = settings.memory
+        # Before any store opens: the block cache is made once per process.
+        configure_memory(StoreMemory(block_cache_bytes=memory.block_cache_mib << 20,
+                                     row_cache_bytes=memory.row_cache_mib << 20,
+                                     write_buffer_bytes=memory.write_buffer_mib << 20))
         config = ProcessorConfig(instance=instance, app=app,
-                                 store_dir=store_dir or Path(".torpor") / "stores" / instance)
+                                 store_dir=store_dir or Path(".torpor") / "stores" / instance,
+                                 stage=StageConfig(history_cache_entries=memory.history_cache_entries))
         providers = ProviderSettings(
             openai=EndpointSettings(base_url=openai_base_url, api_key=_key(openai_api_key_env)),
             anthropic=EndpointSettings(base_url=anthropic_base_url, api_key=_key(anthropic_api_key_env)),

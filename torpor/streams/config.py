@@ -320,6 +320,36 @@ class InputSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MemorySettings:
+    """The bounds of a processor's caches: what its resident memory is made of, besides
+    Python itself, whatever the number of agents.
+
+    `block_cache_mib`: RocksDB's block cache, one for every store of the process.
+    `row_cache_mib`: the rows each store (one per partition owned) keeps decoded.
+    `write_buffer_mib`: one memtable of a store; a store has two. `history_cache_entries`:
+    decoded history entries kept for the model stage's next completion (~1 KB each), one
+    cache per process. So the caches hold at most block + partitions x (row + 2 x write
+    buffer) + entries x ~1 KB: 64 + 3 x 24 + 48 = 184 MiB for three partitions with the
+    defaults, 256 MiB for six; each can be lowered, at the cost of reads.
+    """
+
+    block_cache_mib: int = 64
+    row_cache_mib: int = 8
+    write_buffer_mib: int = 8
+    history_cache_entries: int = 49_152
+
+    def __post_init__(self) -> None:
+        for name, env, least in (("block_cache_mib", "TORPOR_BLOCK_CACHE_MIB", 1),
+                                 ("row_cache_mib", "TORPOR_ROW_CACHE_MIB", 0),
+                                 ("write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", 1),
+                                 ("history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", 0)):
+            value = getattr(self, name)
+            if not least <= value <= 1 << 20:
+                raise ConfigError(f"{name} must be between {least} and {1 << 20}, not {value}: "
+                                  f"{_where(env, 'memory', name)}")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """All settings of `torpor.streams`, one section per concern."""
 
@@ -327,6 +357,7 @@ class Settings:
     topics: TopicSettings = field(default_factory=TopicSettings)
     schema_registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
     inputs: InputSettings = field(default_factory=InputSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,6 +390,10 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key("inputs", "max_bytes", "TORPOR_MAX_INPUT_BYTES", int),
     _Key("inputs", "processor_key_id", "TORPOR_PROCESSOR_KEY_ID", str, optional=True),
     _Key("inputs", "processor_key", "TORPOR_PROCESSOR_KEY", str, optional=True),
+    _Key("memory", "block_cache_mib", "TORPOR_BLOCK_CACHE_MIB", int),
+    _Key("memory", "row_cache_mib", "TORPOR_ROW_CACHE_MIB", int),
+    _Key("memory", "write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", int),
+    _Key("memory", "history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", int),
 )
 _OVERRIDES_TABLE: Final = "librdkafka"  # [kafka.librdkafka]: free-form librdkafka properties
 _SECTIONS: Final = frozenset(k.section for k in _KEYS)
@@ -371,9 +406,10 @@ _E = TypeVar("_E", bound=StrEnum)
 def load_settings(env: Mapping[str, str], file: Path | None) -> Settings:
     """Build `Settings` from defaults, then the TOML `file`, then `TORPOR_*` variables in `env`.
 
-    Later sources win. The file has sections `[kafka]`, `[kafka.librdkafka]`, `[topics]`
-    and `[schema_registry]`; other sections belong to other packages and are ignored, but
-    an unknown key inside these sections is an error (it is usually a typo). Variables:
+    Later sources win. The file has sections `[kafka]`, `[kafka.librdkafka]`, `[topics]`,
+    `[schema_registry]`, `[inputs]` and `[memory]`; other sections belong to other packages
+    and are ignored, but an unknown key inside these sections is an error (it is usually a
+    typo). Variables:
 
     - `TORPOR_BOOTSTRAP`: comma-separated host:port list (`[kafka] bootstrap_servers`).
     - `TORPOR_CLIENT_ID_PREFIX`: prefix of every client.id (`[kafka] client_id_prefix`).
@@ -390,6 +426,8 @@ def load_settings(env: Mapping[str, str], file: Path | None) -> Settings:
     - `TORPOR_MAX_INPUT_BYTES`: the largest input folded (`[inputs] max_bytes`, default 1 MiB).
     - `TORPOR_PROCESSOR_KEY_ID`, `TORPOR_PROCESSOR_KEY`: the processor's own signing key
       (`[inputs] processor_key_id`, `processor_key`: a key id and a private key file).
+    - `TORPOR_BLOCK_CACHE_MIB`, `TORPOR_ROW_CACHE_MIB`, `TORPOR_WRITE_BUFFER_MIB`,
+      `TORPOR_HISTORY_CACHE_ENTRIES`: the processor's cache bounds (`[memory]`, `MemorySettings`).
 
     librdkafka overrides come from `[kafka.librdkafka]` only (string, integer or boolean
     values). Raises `ConfigError` naming the source and the fix for a missing or unreadable
@@ -505,7 +543,16 @@ def _build(values: _Values, overrides: Mapping[str, str]) -> Settings:
         processor_key_id=_text(values, "inputs", "processor_key_id", None) or None,
         processor_key=Path(processor_key) if processor_key else None,
     )
-    return Settings(kafka=kafka, topics=topics, schema_registry=registry, inputs=inputs)
+    memory_defaults = MemorySettings()
+    memory = MemorySettings(**{
+        name: _whole(values, "memory", name, getattr(memory_defaults, name))
+        for name in ("block_cache_mib", "row_cache_mib", "write_buffer_mib", "history_cache_entries")})
+    return Settings(kafka=kafka, topics=topics, schema_registry=registry, inputs=inputs, memory=memory)
+
+
+def _whole(values: _Values, section: str, key: str, default: int) -> int:
+    value = values.get((section, key), default)
+    return value if isinstance(value, int) else default
 
 
 def _text(values: _Values, section: str, key: str, default: str | None) -> str | None:

@@ -158,13 +158,35 @@ def _block_cache() -> Cache:
     # a module-level object lives as long as the process.
     global _shared_cache
     if _shared_cache is None:
-        _shared_cache = Cache(BLOCK_CACHE_BYTES)
+        _shared_cache = Cache(_bounds.block_cache_bytes)
     return _shared_cache
 
 
 ROW_CACHE_BYTES: Final = 8 << 20
 """What a RocksStore's `RowCache` holds at most (keys and values): the rows of the threads
 that ran last, which the next input of each thread and the model stage read back."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreMemory:
+    """The bounds every RocksStore of the process opens with (`configure_memory`)."""
+
+    block_cache_bytes: int = BLOCK_CACHE_BYTES
+    row_cache_bytes: int = ROW_CACHE_BYTES
+    write_buffer_bytes: int = WRITE_BUFFER_BYTES
+
+
+_bounds = StoreMemory()
+
+
+def configure_memory(bounds: StoreMemory) -> None:
+    """Set the bounds of the stores this process opens from now on (the command line does,
+    from the operator's settings, before any store opens). The block cache is one for the
+    process and lives as long as it: once made, its size cannot change."""
+    global _bounds
+    if _shared_cache is not None and bounds.block_cache_bytes != _bounds.block_cache_bytes:
+        raise RuntimeError("the block cache is made already: set the store bounds before any store opens")
+    _bounds = bounds
 
 _ROW_OVERHEAD: Final = 64  # bytes a cached row costs beyond its key and value (dict slot, objects)
 
@@ -240,10 +262,10 @@ class RocksStore:
     """
 
     def __init__(
-        self, path: Path | str, *, sync: bool = False, row_cache_bytes: int = ROW_CACHE_BYTES
+        self, path: Path | str, *, sync: bool = False, row_cache_bytes: int | None = None
     ) -> None:
         self.path = Path(path)
-        self._recent = RowCache(row_cache_bytes)
+        self._recent = RowCache(_bounds.row_cache_bytes if row_cache_bytes is None else row_cache_bytes)
         # Histories are private: only the processor's own user may read the store (0700,
         # tightened if an older run made it wider).
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -256,7 +278,7 @@ class RocksStore:
         # a bloom filter answers those without reading every level's blocks.
         table.set_bloom_filter(10, False)
         options.set_block_based_table_factory(table)
-        options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+        options.set_write_buffer_size(_bounds.write_buffer_bytes)
         options.set_max_write_buffer_number(2)
         self._db = Rdict(str(self.path), options)
         self._write_options = WriteOptions()
