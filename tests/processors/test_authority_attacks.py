@@ -213,15 +213,17 @@ def test_a_senders_retry_under_the_same_id_is_a_duplicate_whatever_else_changed(
 
 
 @given(st.lists(st.sampled_from([bytes([n]) * 16 for n in range(12)]), min_size=1, max_size=40))
-def test_a_seen_row_remembers_the_latest_senders_and_no_more_than_its_bound(senders: list[bytes]) -> None:
+def test_a_seen_row_remembers_its_first_and_latest_senders_and_no_more_than_its_bound(
+        senders: list[bytes]) -> None:
     row: bytes | None = None
-    kept: list[bytes] = []  # the model: distinct senders in the order they came, the last few
+    # The model: distinct senders in the order they came; the first always, then the last few.
+    kept: list[bytes] = []
     for sender in senders:
         row = with_sender(row, sender)
         if sender not in kept:
-            kept = [*kept, sender][-SENDERS_KEPT:]
+            kept = [*kept, sender] if not kept else [kept[0], *[*kept[1:], sender][-(SENDERS_KEPT - 1):]]
         assert row == b"".join(kept)
-        assert _is_seen_row(row, sender)
+        assert _is_seen_row(row, sender) and _is_seen_row(row, senders[0])
 
 
 def _is_seen_row(row: bytes, sender: bytes) -> bool:
