@@ -383,8 +383,10 @@ def test_a_consumer_fenced_by_a_member_id_nobody_runs_is_rebuilt_in_process(rig:
     rig.wait_for_out(100, timeout=120)
     ghost = _member_as(rig, "i0")
     try:
-        # A join can wait out a rebalance the group is in (the loop's own rejoin): a generous deadline.
-        wait_until(lambda: ghost.poll(0.2) is None and bool(ghost.memberid()), 180, "the ghost joins")
+        # A join can wait out a rebalance the group is in (the loop's own rejoin): a generous
+        # deadline. Joined is enough: once it holds partitions, its polls return records, and
+        # waiting for an empty poll kept it alive (holding the id) past the loop's rejoin wait.
+        wait_until(lambda: _joined(ghost), 180, "the ghost joins")
     finally:
         ghost.close()
     wait_until(lambda: "consumer rebuilt" in log() or process.poll() is not None, 180,
@@ -414,7 +416,7 @@ def test_a_consumer_fenced_by_a_live_member_with_its_instance_id_exits_and_is_no
     rig.wait_for_out(100, timeout=120)
     usurper = _member_as(rig, "i0")
     try:
-        wait_until(lambda: usurper.poll(0.2) is None and bool(usurper.memberid()), 180, "the usurper joins")
+        wait_until(lambda: _joined(usurper), 180, "the usurper joins")
         assert process.wait(timeout=180) == 2, log()[-4000:]
     finally:
         usurper.close()
@@ -423,6 +425,12 @@ def test_a_consumer_fenced_by_a_live_member_with_its_instance_id_exits_and_is_no
     assert "fatal: ConsumerFencedError" in text and "consumer rebuilt" not in text, text[-4000:]
     folded = rig.out_values()  # what it committed before it was fenced: each input at most once
     assert folded and len(folded) == len(set(folded))
+
+
+def _joined(member: Consumer) -> bool:
+    """Serve `member`'s join (a record it gets is dropped: it commits nothing); True once it has one."""
+    member.poll(0.2)
+    return bool(member.memberid())
 
 
 def _member_as(rig: CounterRig, instance: str) -> Consumer:
