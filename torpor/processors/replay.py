@@ -296,11 +296,16 @@ class ThreadHead:
         return self.head == self.chained and self.history_len == self.entries
 
 
-def _state_thread(key: bytes) -> str | None:
+def _thread_of(key: bytes) -> tuple[str, bytes] | None:
+    """The thread a row belongs to and the rest of its key (the kind first), or None for
+    a row of no thread (the store-global rows: `keys`)."""
     size = int.from_bytes(key[:4], "big")
-    if size == 0 or len(key) != 4 + size + 1 or key[4 + size:] != keys.STATE:
-        return None
-    return key[4:4 + size].decode("utf-8")
+    return None if size == 0 else (key[4:4 + size].decode("utf-8"), key[4 + size:])
+
+
+def _state_thread(key: bytes) -> str | None:
+    found = _thread_of(key)
+    return found[0] if found is not None and found[1] == keys.STATE else None
 
 
 def thread_ids(store: Store) -> list[str]:
@@ -318,14 +323,17 @@ def thread_head(store: Store, thread_id: str) -> ThreadHead | None:
         chained = advance(chained, entry)
         count += 1
     return ThreadHead(thread_id, str(state.status), state.history_len, state.head, count, chained,
-                      _rows_digest(store, thread_id))
+                      _rows_digest(store, thread_id) or "")
 
 
-def _rows_digest(store: Store, thread_id: str) -> str:
-    """sha256 over every row of the thread, key and value, in key order. A state row of the
-    older form (its config inline) counts as the two rows the thread's next input rewrites
-    it to (`state_rows`), so a thread idle since the config row came in still matches."""
+def _rows_digest(store: Store, thread_id: str) -> str | None:
+    """sha256 over every row of the thread, key and value, in key order (None: it has none).
+    A state row of the older form (its config inline) counts as the two rows the thread's
+    next input rewrites it to (`state_rows`), so a thread idle since the config row came in
+    still matches."""
     rows = dict(store.iterate(keys.thread_prefix(thread_id)))
+    if not rows:
+        return None
     state_key = keys.state_key(thread_id)
     state = rows.get(state_key)
     if state is not None and state[:1] == b"{":
@@ -341,12 +349,9 @@ def _thread_ids_with_rows(store: Store) -> list[str]:
     """Every thread with a row in `store`, a state row or not (a deleted thread keeps its seen rows)."""
     found: list[str] = []
     for key, _ in store.iterate(b""):
-        size = int.from_bytes(key[:4], "big")
-        if size == 0:
-            continue
-        thread_id = key[4:4 + size].decode("utf-8")
-        if not found or found[-1] != thread_id:  # key order: a thread's rows are together
-            found.append(thread_id)
+        row = _thread_of(key)
+        if row is not None and (not found or found[-1] != row[0]):  # key order: a thread's rows are together
+            found.append(row[0])
     return found
 
 
@@ -358,9 +363,8 @@ def thread_heads(stores: Mapping[int, Store], only: str | None = None) -> dict[s
     for store in stores.values():
         for thread_id in [only] if only is not None else _thread_ids_with_rows(store):
             head = thread_head(store, thread_id)
-            if head is None and next(iter(store.iterate(keys.thread_prefix(thread_id))), None) is not None:
-                head = ThreadHead(thread_id, "deleted", 0, GENESIS_HEAD, 0, GENESIS_HEAD,
-                                  _rows_digest(store, thread_id))
+            if head is None and (digest := _rows_digest(store, thread_id)) is not None:
+                head = ThreadHead(thread_id, "deleted", 0, GENESIS_HEAD, 0, GENESIS_HEAD, digest)
             if head is not None:
                 found[thread_id] = head
     return found

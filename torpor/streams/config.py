@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Final, TypeVar
@@ -545,8 +545,8 @@ def _build(values: _Values, overrides: Mapping[str, str]) -> Settings:
     )
     memory_defaults = MemorySettings()
     memory = MemorySettings(**{
-        name: _whole(values, "memory", name, getattr(memory_defaults, name))
-        for name in ("block_cache_mib", "row_cache_mib", "write_buffer_mib", "history_cache_entries")})
+        f.name: _whole(values, "memory", f.name, getattr(memory_defaults, f.name))
+        for f in fields(MemorySettings)})
     return Settings(kafka=kafka, topics=topics, schema_registry=registry, inputs=inputs, memory=memory)
 
 
