@@ -182,7 +182,7 @@ class _FailsOnce(LagWatch):
 
     calls = 0
 
-    def _sample(self, admin: AdminClient, consumer: Consumer) -> LagView:
+    def _sample(self, admin: AdminClient, consumer: Consumer, offsets: Consumer) -> LagView:
         self.calls += 1
         if self.calls == 1:
             raise RuntimeError("an answer nobody expected")

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import socket
 import time
+import uuid
+from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+import torpor
+from tests.conftest import TopicFactory
+from tests.waiting import wait_until
 from torpor.schemas.errors import ConfigError
 from torpor.streams.admin import ensure_topics
-from torpor.streams.clients import check_reachable, make_admin, make_consumer, make_producer
+from torpor.streams.clients import (
+    check_reachable,
+    make_admin,
+    make_consumer,
+    make_offsets_reader,
+    make_producer,
+)
 from torpor.streams.config import KafkaSettings, Settings
 from torpor.streams.deadline import Deadline
 from torpor.streams.errors import BrokerUnreachableError
@@ -94,3 +105,40 @@ def test_a_live_broker_answers_with_its_metadata(kafka_bootstrap: str) -> None:
     )
 
     assert metadata.brokers
+
+
+@pytest.mark.kafka
+def test_the_offsets_reader_reads_a_groups_commits_without_joining_it_or_waiting_on_a_pending_one(
+        kafka_bootstrap: str, topic_factory: TopicFactory, admin: AdminClient) -> None:
+    topic = topic_factory(partitions=1)
+    group = f"test-offsets-reader-{uuid.uuid4().hex[:8]}"
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap))
+    tp = TopicPartition(topic, 0)
+    committer = make_consumer(settings, group)
+    committer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    # An exactly-once processor's next offsets, sent in a transaction still open: pending.
+    producer = make_producer(settings, transactional_id=f"test-offsets-reader-{uuid.uuid4().hex}")
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition(topic, 0, 5)],
+                                         committer.consumer_group_metadata(), 30)
+    reader = make_offsets_reader(settings, group)
+    try:
+        (found,) = reader.committed([tp], timeout=30)  # read_committed would wait out its timeout
+        assert (found.offset, found.error) == (2, None)
+        producer.commit_transaction(30)
+        wait_until(lambda: reader.committed([tp], timeout=30)[0].offset == 5, timeout=60,
+                   message="the transaction's offset, once committed")
+        (described,) = admin.describe_consumer_groups([group], request_timeout=30).values()
+        assert described.result(timeout=30).members == []  # reading never joined the group
+    finally:
+        reader.close()
+        committer.close()
+
+
+def test_no_module_reads_a_groups_offsets_through_the_admin_client() -> None:
+    """librdkafka#5040: the admin OffsetFetch crashes the process on NOT_COORDINATOR."""
+    package = Path(torpor.__file__).parent
+    callers = [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
+               if ".list_consumer_group_offsets(" in path.read_text()]
+    assert callers == [], f"use clients.make_offsets_reader instead, in {callers}"

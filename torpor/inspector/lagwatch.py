@@ -5,7 +5,9 @@ Contract. `LagWatch(settings, group).start()` starts a daemon thread that, every
 
 1. the partitions of `inputs` (metadata);
 2. each partition's first retained offset and its end, read_committed (the last stable
-   offset), and the group's committed offsets (admin requests, batched);
+   offset), in batched admin requests, and the group's committed offsets, through a
+   consumer of the group's that never joins it (`clients.make_offsets_reader`: the admin
+   request for them can crash the process);
 3. the group's members and the partitions each is assigned (describe the group);
 4. for each short gap (`lag.is_probed`), the records really in it: a read_committed read
    from the committed offset to the end, so a commit marker is not counted as an input;
@@ -30,7 +32,6 @@ from typing import Final
 
 from confluent_kafka import (
     Consumer,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -51,7 +52,7 @@ from torpor.inspector.lag import (
     resume_offset,
 )
 from torpor.schemas.errors import TorporError
-from torpor.streams.clients import make_admin, make_consumer
+from torpor.streams.clients import make_admin, make_consumer, make_offsets_reader
 from torpor.streams.config import Settings
 from torpor.streams.errors import translate
 from torpor.streams.topics import TopicNames
@@ -116,6 +117,7 @@ class LagWatch:
     def _run(self) -> None:
         admin: AdminClient | None = None
         consumer: Consumer | None = None
+        offsets: Consumer | None = None
         failing = False  # logged once per outage: the page shows every failure's reason
         try:
             while not self._stop.is_set():
@@ -123,7 +125,8 @@ class LagWatch:
                     admin = admin or make_admin(self._settings)
                     # A consumer of no group's: it only assigns, never joins, never commits.
                     consumer = consumer or make_consumer(self._settings, f"torpor-ui-lag-{uuid.uuid4().hex}")
-                    self._publish(self._sample(admin, consumer))
+                    offsets = offsets or make_offsets_reader(self._settings, self._group)
+                    self._publish(self._sample(admin, consumer, offsets))
                     if failing:
                         LOG.info("the inspector's lag sampler reaches the broker again")
                     failing = False
@@ -147,8 +150,9 @@ class LagWatch:
                                              old.group_state, reason)
                 self._stop.wait(self._every)
         finally:
-            if consumer is not None:
-                consumer.close()
+            for reader in (consumer, offsets):
+                if reader is not None:
+                    reader.close()
 
     def _publish(self, view: LagView) -> None:
         with self._lock:
@@ -156,7 +160,7 @@ class LagWatch:
             if view.at_ms is not None:
                 self.history.add(view.at_ms, {p.partition: p.lag for p in view.partitions})
 
-    def _sample(self, admin: AdminClient, consumer: Consumer) -> LagView:
+    def _sample(self, admin: AdminClient, consumer: Consumer, offsets: Consumer) -> LagView:
         topic = TopicNames.for_prefix(self._settings.topics.prefix).inputs
         metadata = admin.list_topics(topic, timeout=CALL_SECONDS)
         found = metadata.topics.get(topic)
@@ -165,7 +169,7 @@ class LagWatch:
         tps = [TopicPartition(topic, p) for p in sorted(found.partitions)]
         starts = _offsets(admin, tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]  # untyped in the stub
         ends = _offsets(admin, tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
-        committed = _committed(admin, self._group, tps)
+        committed = _committed(offsets, tps)
         state, members = _members(admin, self._group, topic)
         numbers = [tp.partition for tp in tps]
         probed = {p: resume_offset(committed.get(p), starts[p])
@@ -200,12 +204,9 @@ def _offsets(admin: AdminClient, tps: Sequence[TopicPartition], spec: OffsetSpec
     return {tp.partition: future.result(timeout=CALL_SECONDS).offset for tp, future in futures.items()}
 
 
-def _committed(admin: AdminClient, group: str, tps: Sequence[TopicPartition]) -> dict[int, int]:
+def _committed(offsets: Consumer, tps: Sequence[TopicPartition]) -> dict[int, int]:
     """The group's committed offset per partition; a partition without one is left out."""
-    request = [ConsumerGroupTopicPartitions(group, list(tps))]
-    (future,) = admin.list_consumer_group_offsets(request, request_timeout=CALL_SECONDS).values()
-    answer = future.result(timeout=CALL_SECONDS)
-    return {tp.partition: tp.offset for tp in answer.topic_partitions or ()
+    return {tp.partition: tp.offset for tp in offsets.committed(list(tps), timeout=CALL_SECONDS)
             if tp.offset >= 0 and tp.error is None}
 
 

@@ -88,6 +88,27 @@ def make_consumer(settings: Settings, group_id: str, instance_id: str | None = N
         raise _refused(exc) from exc
 
 
+def make_offsets_reader(settings: Settings, group_id: str) -> Consumer:
+    """A consumer that only reads `group_id`'s committed offsets (`committed()`).
+
+    It never subscribes, so it never joins the group, and never commits. This, not the
+    admin client's `list_consumer_group_offsets`, is how to read another group's offsets:
+    librdkafka (up to 2.16 at least, confluentinc/librdkafka#5040) answers an admin
+    OffsetFetch that the broker refuses with NOT_COORDINATOR (a coordinator that moved or
+    is still loading, as after a broker restart) by dereferencing the admin client's
+    consumer group, which it has none of: the whole process dies of SIGSEGV. A consumer
+    has that group and asks for the new coordinator. read_uncommitted, because librdkafka
+    asks for stable offsets (KIP-447) under read_committed, and the pending offsets of an
+    exactly-once processor would hold every read until its timeout.
+    """
+    conf: dict[str, object] = {**consumer_config(settings, group_id),
+                               "isolation.level": "read_uncommitted", "logger": KAFKA_LOG}
+    try:
+        return Consumer(conf)
+    except KafkaException as exc:
+        raise _refused(exc) from exc
+
+
 def make_admin(settings: Settings) -> AdminClient:
     """An admin client for the configured cluster; see `config.admin_config`."""
     conf: dict[str, object] = {**admin_config(settings), "logger": KAFKA_LOG}
