@@ -3,7 +3,9 @@ that evicts at once, and none), and an Overlay over each."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -213,17 +215,58 @@ def test_chained_reads_by_seq_and_by_scan_give_the_same_entries_and_head(
 def test_the_store_bounds_set_for_the_process_are_the_ones_a_store_opens_with(tmp_path: Path) -> None:
     before = kv._bounds
     try:
-        made = kv._block_cache()  # the process's block cache exists from here on
-        kv.configure_memory(kv.StoreMemory(block_cache_bytes=before.block_cache_bytes,
-                                           row_cache_bytes=1 << 20, write_buffer_bytes=2 << 20))
+        made = kv._block_cache()  # the process's block cache and write buffers exist from here on
+        buffers = kv._write_buffers()
+        kv.configure_memory(replace(before, row_cache_bytes=1 << 20))
         store = RocksStore(tmp_path / "bounded")
         try:
-            assert store._recent._capacity == 1 << 20
+            assert store._recent._capacity == (1 << 20) // len(kv._shared_rows)
         finally:
             store.close()
-        assert kv._block_cache() is made
-        # A block cache of another size would need another cache: refused, not ignored.
+        assert kv._block_cache() is made and kv._write_buffers() is buffers
+        assert buffers.get_buffer_size() == before.write_buffer_bytes
+        # A block cache or a write buffer manager of another size would need another one:
+        # refused, not ignored.
         with pytest.raises(RuntimeError, match="before any store opens"):
-            kv.configure_memory(kv.StoreMemory(block_cache_bytes=before.block_cache_bytes // 2))
+            kv.configure_memory(replace(before, block_cache_bytes=before.block_cache_bytes // 2))
+        with pytest.raises(RuntimeError, match="before any store opens"):
+            kv.configure_memory(replace(before, write_buffer_bytes=before.write_buffer_bytes // 2))
     finally:
         kv.configure_memory(before)
+
+
+def test_the_stores_of_a_process_share_one_row_budget_and_a_closed_one_gives_its_share_back(
+        tmp_path: Path) -> None:
+    before = kv._bounds
+    gc.collect()  # a store an earlier test left open, then dropped, stops sharing the budget
+    budget = 20_000
+    try:
+        kv.configure_memory(replace(before, row_cache_bytes=budget))
+        first = RocksStore(tmp_path / "first")
+        rows = [(b"k%03d" % i, b"v" * 100) for i in range(100)]  # ~17 KB with the per-row cost
+        first.apply(rows)
+        alone, held_alone = first._recent._capacity, first._recent._bytes
+        assert alone == budget // len(kv._shared_rows) and held_alone > alone // 2
+        second = RocksStore(tmp_path / "second")
+        try:
+            shared = first._recent._capacity
+            assert shared == second._recent._capacity == budget // len(kv._shared_rows) < alone
+            assert first._recent._bytes <= shared < held_alone  # the oldest rows went at once
+            assert sum(cache._capacity for cache in kv._shared_rows) <= budget
+            assert [first.get(key) for key, _ in rows] == [value for _, value in rows]  # from RocksDB
+        finally:
+            second.close()
+        assert first._recent._capacity == alone
+        first.close()
+        assert first._recent not in kv._shared_rows
+    finally:
+        kv.configure_memory(before)
+
+
+def test_a_row_cache_resized_down_evicts_its_oldest_rows_and_resized_up_keeps_them() -> None:
+    cache = RowCache(4 * (64 + 2))
+    cache.remember([(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")])
+    cache.resize(2 * (64 + 2))
+    assert [cache.lookup(k)[0] for k in (b"a", b"b", b"c", b"d")] == [False, False, True, True]
+    cache.resize(10 * (64 + 2))
+    assert len(cache) == 2 and cache._bytes == 2 * (64 + 2)

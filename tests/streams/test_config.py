@@ -8,6 +8,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
+from torpor.processors.models.stage import StageConfig
+from torpor.processors.store import kv
 from torpor.schemas.errors import ConfigError
 from torpor.streams.config import (
     MANAGED_KEYS,
@@ -366,7 +368,13 @@ def test_librdkafka_accepts_every_dict_it_is_given() -> None:
 
 
 def test_the_caches_are_bounded_by_the_memory_section_and_its_variables(tmp_path: Path) -> None:
-    assert load_settings({}, None).memory == MemorySettings(64, 8, 8, 49_152)
+    defaults = load_settings({}, None).memory
+    assert defaults == MemorySettings(64, 32, 32, 49_152)
+    # The same defaults where no settings are read (local mode, the stores' own).
+    in_mib = (defaults.block_cache_mib, defaults.row_cache_mib, defaults.write_buffer_mib)
+    in_bytes = (kv.BLOCK_CACHE_BYTES, kv.ROW_CACHE_BYTES, kv.WRITE_BUFFER_BYTES)
+    assert tuple(mib << 20 for mib in in_mib) == in_bytes
+    assert defaults.history_cache_entries == StageConfig().history_cache_entries
     file = tmp_path / "torpor.toml"
     file.write_text("[memory]\nblock_cache_mib = 16\nrow_cache_mib = 0\nhistory_cache_entries = 1000\n")
     both = load_settings({"TORPOR_WRITE_BUFFER_MIB": "2", "TORPOR_BLOCK_CACHE_MIB": "32"}, file)

@@ -322,20 +322,21 @@ class InputSettings:
 @dataclass(frozen=True, slots=True)
 class MemorySettings:
     """The bounds of a processor's caches: what its resident memory is made of, besides
-    Python itself, whatever the number of agents.
+    Python itself, whatever the number of agents and of partitions it owns.
 
-    `block_cache_mib`: RocksDB's block cache, one for every store of the process.
-    `row_cache_mib`: the rows each store (one per partition owned) keeps decoded.
-    `write_buffer_mib`: one memtable of a store; a store has two. `history_cache_entries`:
-    decoded history entries kept for the model stage's next completion (~1 KB each), one
-    cache per process. So the caches hold at most block + partitions x (row + 2 x write
-    buffer) + entries x ~1 KB: 64 + 3 x 24 + 48 = 184 MiB for three partitions with the
-    defaults, 256 MiB for six; each can be lowered, at the cost of reads.
+    Each is one budget for the whole process. `block_cache_mib`: RocksDB's block cache,
+    shared by every store (one per partition owned). `row_cache_mib`: the rows the stores
+    keep decoded, shared out evenly among them. `write_buffer_mib`: the stores' memtables
+    together (one RocksDB write buffer manager; past it RocksDB flushes).
+    `history_cache_entries`: decoded history entries kept for the model stage's next
+    completion (~1 KB each). So the caches hold at most block + rows + write buffers +
+    entries x ~1 KB: 64 + 32 + 32 + 48 = 176 MiB with the defaults, for one partition or
+    sixty; each can be lowered, at the cost of reads.
     """
 
     block_cache_mib: int = 64
-    row_cache_mib: int = 8
-    write_buffer_mib: int = 8
+    row_cache_mib: int = 32
+    write_buffer_mib: int = 32
     history_cache_entries: int = 49_152
 
     def __post_init__(self) -> None:

@@ -26,12 +26,14 @@ one contract against both.
 from __future__ import annotations
 
 import bisect
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from torpor.processors.store import keys
 
@@ -143,14 +145,19 @@ class MemoryStore:
 BLOCK_CACHE_BYTES: Final = 64 << 20
 """The one block cache every RocksStore of the process shares (64 MiB: a laptop default)."""
 
-WRITE_BUFFER_BYTES: Final = 8 << 20
-"""One memtable of a store (RocksDB's default is 64 MiB, two of them per store): with a
-store per partition, the defaults let the process grow by up to 128 MiB per partition as
-the rows accumulate, which showed as ~150 KiB of resident memory per agent in a
-2,000-agent Kafka run. Two of 8 MiB bound it to 16 MiB per store; flushed rows are
-served from the shared block cache."""
+WRITE_BUFFER_BYTES: Final = 32 << 20
+"""The memtables of every RocksStore of the process together (one RocksDB write buffer
+manager): past this, RocksDB flushes the store being written to. RocksDB's default is two
+64 MiB memtables per store, and a store per partition let the process grow by 128 MiB per
+partition (~150 KiB of resident memory per agent in a 2,000-agent Kafka run); a bound per
+store still grew with the partitions a process owns. Flushed rows are served from the
+shared block cache."""
+
+MEMTABLE_BYTES: Final = 8 << 20
+"""One memtable of a store (two at most), within `WRITE_BUFFER_BYTES` for all of them."""
 
 _shared_cache: Cache | None = None
+_shared_buffers: WriteBufferManager | None = None
 
 
 def _block_cache() -> Cache:
@@ -162,14 +169,25 @@ def _block_cache() -> Cache:
     return _shared_cache
 
 
-ROW_CACHE_BYTES: Final = 8 << 20
-"""What a RocksStore's `RowCache` holds at most (keys and values): the rows of the threads
-that ran last, which the next input of each thread and the model stage read back."""
+def _write_buffers() -> WriteBufferManager:
+    # Like the block cache: once, for the life of the process. No stall: a writer past the
+    # bound is not held, RocksDB flushes.
+    global _shared_buffers
+    if _shared_buffers is None:
+        _shared_buffers = WriteBufferManager(_bounds.write_buffer_bytes, False)
+    return _shared_buffers
+
+
+ROW_CACHE_BYTES: Final = 32 << 20
+"""What the `RowCache`s of every RocksStore of the process hold together (keys and
+values), shared out evenly among the open stores: the rows of the threads that ran last,
+which the next input of each thread and the model stage read back."""
 
 
 @dataclass(frozen=True, slots=True)
 class StoreMemory:
-    """The bounds every RocksStore of the process opens with (`configure_memory`)."""
+    """The bounds every RocksStore of the process opens with (`configure_memory`): each is
+    for the whole process, however many stores (partitions) it has open."""
 
     block_cache_bytes: int = BLOCK_CACHE_BYTES
     row_cache_bytes: int = ROW_CACHE_BYTES
@@ -177,16 +195,29 @@ class StoreMemory:
 
 
 _bounds = StoreMemory()
+_shared_rows: weakref.WeakSet[RowCache] = weakref.WeakSet()  # the caches sharing `row_cache_bytes`
 
 
 def configure_memory(bounds: StoreMemory) -> None:
     """Set the bounds of the stores this process opens from now on (the command line does,
-    from the operator's settings, before any store opens). The block cache is one for the
-    process and lives as long as it: once made, its size cannot change."""
+    from the operator's settings, before any store opens). The block cache and the write
+    buffer manager are one each for the process and live as long as it: once made, their
+    sizes cannot change."""
     global _bounds
     if _shared_cache is not None and bounds.block_cache_bytes != _bounds.block_cache_bytes:
         raise RuntimeError("the block cache is made already: set the store bounds before any store opens")
+    if _shared_buffers is not None and bounds.write_buffer_bytes != _bounds.write_buffer_bytes:
+        raise RuntimeError("the write buffers are made already: set the store bounds before any store opens")
     _bounds = bounds
+    _share_rows()
+
+
+def _share_rows() -> None:
+    """Give each open store's row cache an even share of the process's `row_cache_bytes`."""
+    caches = list(_shared_rows)
+    for cache in caches:
+        cache.resize(_bounds.row_cache_bytes // len(caches))
+
 
 _ROW_OVERHEAD: Final = 64  # bytes a cached row costs beyond its key and value (dict slot, objects)
 
@@ -204,8 +235,10 @@ class RowCache:
     Only `remember` (called by the store's one writer, after its batch is written) fills
     it; a read never does, so a reader on another thread (the model stage in Kafka mode)
     cannot put back a value older than a write that overtook it. A reader sees either the
-    value before a batch or after it, as it would reading RocksDB. Dict operations only,
-    each atomic under the GIL. Bounded by bytes, not by threads: a fixed cost per process.
+    value before a batch or after it, as it would reading RocksDB: reads are dict
+    operations, each atomic under the GIL. `resize` (a store of the process opened or
+    closed: the caches share one budget) may run on another thread than the writer, so the
+    two take a lock. Bounded by bytes, not by threads: a fixed cost per process.
     """
 
     def __init__(self, capacity_bytes: int) -> None:
@@ -214,6 +247,7 @@ class RowCache:
         self._capacity = capacity_bytes
         self._rows: dict[bytes, bytes | None] = {}
         self._bytes = 0
+        self._changing = threading.Lock()  # `remember` on the writer, `resize` on any thread
 
     def lookup(self, key: bytes) -> tuple[bool, bytes | None]:
         """(True, value or None for a deleted row) if the cache knows `key`, else (False, None)."""
@@ -224,22 +258,33 @@ class RowCache:
 
     def remember(self, changes: Sequence[Change]) -> None:
         """Record `changes`, just written to the store, as the newest rows."""
-        if self._capacity == 0:
-            return
-        rows, pop, held = self._rows, self._rows.pop, self._bytes
-        for key, value in changes:  # `_row_bytes` written out: a call per row cost a third of this
-            old = pop(key, _UNKNOWN)
-            if old is _UNKNOWN:
-                held += len(key) + _ROW_OVERHEAD
-            elif old is not None:
-                held -= len(old)  # type: ignore[arg-type]
-            rows[key] = value  # re-inserted last: evicted last
-            if value is not None:
-                held += len(value)
+        with self._changing:
+            if self._capacity == 0:
+                return
+            rows, pop, held = self._rows, self._rows.pop, self._bytes
+            for key, value in changes:  # `_row_bytes` written out: a call per row cost a third of this
+                old = pop(key, _UNKNOWN)
+                if old is _UNKNOWN:
+                    held += len(key) + _ROW_OVERHEAD
+                elif old is not None:
+                    held -= len(old)  # type: ignore[arg-type]
+                rows[key] = value  # re-inserted last: evicted last
+                if value is not None:
+                    held += len(value)
+            self._bytes = self._evict(held)
+
+    def resize(self, capacity_bytes: int) -> None:
+        """Hold at most `capacity_bytes` from now on, the oldest rows evicted at once."""
+        with self._changing:
+            self._capacity = capacity_bytes
+            self._bytes = self._evict(self._bytes)
+
+    def _evict(self, held: int) -> int:
+        rows = self._rows
         while held > self._capacity and rows:
             oldest = next(iter(rows))
             held -= _row_bytes(oldest, rows.pop(oldest))
-        self._bytes = held
+        return held
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -266,6 +311,9 @@ class RocksStore:
     ) -> None:
         self.path = Path(path)
         self._recent = RowCache(_bounds.row_cache_bytes if row_cache_bytes is None else row_cache_bytes)
+        if row_cache_bytes is None:  # a share of the process's, not a size of its own
+            _shared_rows.add(self._recent)
+            _share_rows()
         # Histories are private: only the processor's own user may read the store (0700,
         # tightened if an older run made it wider).
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -278,7 +326,8 @@ class RocksStore:
         # a bloom filter answers those without reading every level's blocks.
         table.set_bloom_filter(10, False)
         options.set_block_based_table_factory(table)
-        options.set_write_buffer_size(_bounds.write_buffer_bytes)
+        options.set_write_buffer_manager(_write_buffers())
+        options.set_write_buffer_size(min(MEMTABLE_BYTES, _bounds.write_buffer_bytes))
         options.set_max_write_buffer_number(2)
         self._db = Rdict(str(self.path), options)
         self._write_options = WriteOptions()
@@ -325,6 +374,9 @@ class RocksStore:
 
     def close(self) -> None:
         self._db.close()
+        if self._recent in _shared_rows:
+            _shared_rows.discard(self._recent)
+            _share_rows()
 
 
 class Overlay:
