@@ -270,3 +270,54 @@ def test_a_row_cache_resized_down_evicts_its_oldest_rows_and_resized_up_keeps_th
     assert [cache.lookup(k)[0] for k in (b"a", b"b", b"c", b"d")] == [False, False, True, True]
     cache.resize(10 * (64 + 2))
     assert len(cache) == 2 and cache._bytes == 2 * (64 + 2)
+
+
+def test_a_closed_store_holds_no_rows_and_a_failed_or_dropped_one_gives_its_share_back(
+        tmp_path: Path) -> None:
+    before = kv._bounds
+    gc.collect()
+    budget = 20_000
+    try:
+        kv.configure_memory(replace(before, row_cache_bytes=budget))
+        kept = RocksStore(tmp_path / "kept")
+        alone = kept._recent._capacity
+        # The same directory again: RocksDB's lock refuses the open, which takes no share.
+        with pytest.raises(Exception, match=r"(?i)lock"):
+            RocksStore(tmp_path / "kept")
+        assert kept._recent._capacity == alone
+        dropped = RocksStore(tmp_path / "dropped")  # never closed, only forgotten
+        assert kept._recent._capacity < alone
+        closed = RocksStore(tmp_path / "closed")
+        closed.apply([(b"k", b"v")])
+        closed.close()
+        assert (closed._recent._capacity, len(closed._recent)) == (0, 0)
+        assert closed._recent not in kv._shared_rows
+        del dropped
+        gc.collect()
+        assert kept._recent._capacity == alone
+        kept.close()
+    finally:
+        kv.configure_memory(before)
+
+
+def test_many_stores_keep_their_memtables_within_the_process_budget(tmp_path: Path) -> None:
+    stores = [RocksStore(tmp_path / f"p{i}") for i in range(48)]
+    try:
+        for round_ in range(100):
+            for store in stores:
+                store.apply([(b"k%d-%d" % (round_, j), b"x" * 200) for j in range(20)])
+        # 48 x 100 x 20 rows of ~220 bytes (~20 MiB): each memtable's first arena block once
+        # held 1 MiB against the budget, 48 MiB for 48 stores before a byte was written.
+        assert kv._write_buffers().get_usage() <= kv._bounds.write_buffer_bytes * 1.1
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("bounds", [{"block_cache_bytes": 0}, {"write_buffer_bytes": 0},
+                                    {"row_cache_bytes": -1}])
+def test_store_bounds_out_of_range_are_refused(bounds: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        kv.StoreMemory(**bounds)
+    with pytest.raises(ValueError):
+        RowCache(10).resize(-1)

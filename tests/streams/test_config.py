@@ -369,7 +369,7 @@ def test_librdkafka_accepts_every_dict_it_is_given() -> None:
 
 def test_the_caches_are_bounded_by_the_memory_section_and_its_variables(tmp_path: Path) -> None:
     defaults = load_settings({}, None).memory
-    assert defaults == MemorySettings(64, 32, 32, 49_152)
+    assert defaults == MemorySettings(64, 16, 32, 49_152)
     # The same defaults where no settings are read (local mode, the stores' own).
     in_mib = (defaults.block_cache_mib, defaults.row_cache_mib, defaults.write_buffer_mib)
     in_bytes = (kv.BLOCK_CACHE_BYTES, kv.ROW_CACHE_BYTES, kv.WRITE_BUFFER_BYTES)

@@ -126,6 +126,10 @@ class LagWatch:
                     # A consumer of no group's: it only assigns, never joins, never commits.
                     consumer = consumer or make_consumer(self._settings, f"torpor-ui-lag-{uuid.uuid4().hex}")
                     offsets = offsets or make_offsets_reader(self._settings, self._group)
+                    for served in (consumer, offsets):
+                        # Nothing else polls them: their log lines and errors would queue
+                        # unseen for as long as an outage lasts. Unsubscribed, they join nothing.
+                        served.poll(0)
                     self._publish(self._sample(admin, consumer, offsets))
                     if failing:
                         LOG.info("the inspector's lag sampler reaches the broker again")

@@ -330,12 +330,12 @@ class MemorySettings:
     together (one RocksDB write buffer manager; past it RocksDB flushes).
     `history_cache_entries`: decoded history entries kept for the model stage's next
     completion (~1 KB each). So the caches hold at most block + rows + write buffers +
-    entries x ~1 KB: 64 + 32 + 32 + 48 = 176 MiB with the defaults, for one partition or
+    entries x ~1 KB: 64 + 16 + 32 + 48 = 160 MiB with the defaults, for one partition or
     sixty; each can be lowered, at the cost of reads.
     """
 
     block_cache_mib: int = 64
-    row_cache_mib: int = 32
+    row_cache_mib: int = 16
     write_buffer_mib: int = 32
     history_cache_entries: int = 49_152
 

@@ -156,6 +156,9 @@ shared block cache."""
 MEMTABLE_BYTES: Final = 8 << 20
 """One memtable of a store (two at most), within `WRITE_BUFFER_BYTES` for all of them."""
 
+ARENA_BLOCK_BYTES: Final = 64 << 10
+"""What a memtable allocates at a time, charged to `WRITE_BUFFER_BYTES` as it does."""
+
 _shared_cache: Cache | None = None
 _shared_buffers: WriteBufferManager | None = None
 
@@ -178,7 +181,7 @@ def _write_buffers() -> WriteBufferManager:
     return _shared_buffers
 
 
-ROW_CACHE_BYTES: Final = 32 << 20
+ROW_CACHE_BYTES: Final = 16 << 20
 """What the `RowCache`s of every RocksStore of the process hold together (keys and
 values), shared out evenly among the open stores: the rows of the threads that ran last,
 which the next input of each thread and the model stage read back."""
@@ -193,9 +196,16 @@ class StoreMemory:
     row_cache_bytes: int = ROW_CACHE_BYTES
     write_buffer_bytes: int = WRITE_BUFFER_BYTES
 
+    def __post_init__(self) -> None:
+        # A write buffer manager of 0 bytes would bound nothing, a block cache of 0 cache
+        # nothing: refused, as `MemorySettings` refuses them from the operator.
+        if self.block_cache_bytes < 1 or self.write_buffer_bytes < 1 or self.row_cache_bytes < 0:
+            raise ValueError(f"store bounds out of range: {self}")
+
 
 _bounds = StoreMemory()
 _shared_rows: weakref.WeakSet[RowCache] = weakref.WeakSet()  # the caches sharing `row_cache_bytes`
+_sharing = threading.RLock()  # who shares and each share change together
 
 
 def configure_memory(bounds: StoreMemory) -> None:
@@ -214,9 +224,27 @@ def configure_memory(bounds: StoreMemory) -> None:
 
 def _share_rows() -> None:
     """Give each open store's row cache an even share of the process's `row_cache_bytes`."""
-    caches = list(_shared_rows)
-    for cache in caches:
-        cache.resize(_bounds.row_cache_bytes // len(caches))
+    with _sharing:
+        caches = list(_shared_rows)
+        for cache in caches:
+            cache.resize(_bounds.row_cache_bytes // len(caches))
+
+
+def _join_rows(cache: RowCache) -> None:
+    """`cache` shares the process's budget from now on, until `_leave_rows` or until it is
+    dropped (a store never closed): either way the others get its share back."""
+    with _sharing:
+        _shared_rows.add(cache)
+        _share_rows()
+    weakref.finalize(cache, _share_rows)
+
+
+def _leave_rows(cache: RowCache) -> None:
+    with _sharing:
+        if cache in _shared_rows:
+            _shared_rows.discard(cache)
+            cache.resize(0)  # a closed store answers no read from memory, and holds none
+            _share_rows()
 
 
 _ROW_OVERHEAD: Final = 64  # bytes a cached row costs beyond its key and value (dict slot, objects)
@@ -275,6 +303,8 @@ class RowCache:
 
     def resize(self, capacity_bytes: int) -> None:
         """Hold at most `capacity_bytes` from now on, the oldest rows evicted at once."""
+        if capacity_bytes < 0:
+            raise ValueError(f"a row cache needs capacity_bytes >= 0, not {capacity_bytes}")
         with self._changing:
             self._capacity = capacity_bytes
             self._bytes = self._evict(self._bytes)
@@ -310,10 +340,7 @@ class RocksStore:
         self, path: Path | str, *, sync: bool = False, row_cache_bytes: int | None = None
     ) -> None:
         self.path = Path(path)
-        self._recent = RowCache(_bounds.row_cache_bytes if row_cache_bytes is None else row_cache_bytes)
-        if row_cache_bytes is None:  # a share of the process's, not a size of its own
-            _shared_rows.add(self._recent)
-            _share_rows()
+        self._recent = RowCache(0 if row_cache_bytes is None else row_cache_bytes)
         # Histories are private: only the processor's own user may read the store (0700,
         # tightened if an older run made it wider).
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -329,7 +356,13 @@ class RocksStore:
         options.set_write_buffer_manager(_write_buffers())
         options.set_write_buffer_size(min(MEMTABLE_BYTES, _bounds.write_buffer_bytes))
         options.set_max_write_buffer_number(2)
+        # Each memtable holds at least one arena block against the manager's budget;
+        # RocksDB's default block (an eighth of the memtable, 1 MiB) let 32 stores hold
+        # twice the budget, each flushing tiny files at every write.
+        options.set_arena_block_size(ARENA_BLOCK_BYTES)
         self._db = Rdict(str(self.path), options)
+        if row_cache_bytes is None:  # a share of the process's, not a size of its own; once open
+            _join_rows(self._recent)
         self._write_options = WriteOptions()
         # The WAL stays on (WriteOptions' default: disable_wal=False): it is what makes an
         # applied batch survive a process crash. Not set here because rocksdict's stub
@@ -373,10 +406,10 @@ class RocksStore:
         return _decode_offsets(self)
 
     def close(self) -> None:
-        self._db.close()
-        if self._recent in _shared_rows:
-            _shared_rows.discard(self._recent)
-            _share_rows()
+        try:
+            self._db.close()
+        finally:
+            _leave_rows(self._recent)
 
 
 class Overlay:
