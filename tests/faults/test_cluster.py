@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource  # not re-exported for a type checker
 from confluent_kafka.admin._metadata import ClusterMetadata
@@ -86,6 +87,18 @@ INTERNAL_TOPICS: Final = ("__consumer_offsets", "__transaction_state")
 # A processor that exits 2 is restarted as a supervisor would (see the module docstring);
 # more restarts than this for one kill is a loop, not a failover.
 PROCESSOR_RESTARTS: Final = 2
+
+
+def topic_config(admin: AdminClient, topic: ConfigResource, key: str) -> str | None:
+    """`key` of `topic`'s config; None while the broker asked does not know the topic yet
+    (in a cluster, one broker can list a new topic before another has learned of it)."""
+    try:
+        value: str = admin.describe_configs([topic])[topic].result(timeout=30)[key].value
+    except KafkaException as error:
+        if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
+    return value
 
 
 def torpor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -213,7 +226,8 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
     for name in names.all():  # the topics ensure_topics made: replication followed the cluster
         assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {3}, name
     outbox = ConfigResource(ResourceType.TOPIC, names.outbox)
-    assert admin.describe_configs([outbox])[outbox].result(timeout=30)["min.insync.replicas"].value == "2"
+    assert wait_until(lambda: topic_config(admin, outbox, "min.insync.replicas"), timeout=IN_SYNC_TIMEOUT,
+                      message=f"a broker that knows {names.outbox}") == "2"
     try:
         echo = soak.ledger_echo()
         processor = Supervisor(soak)
