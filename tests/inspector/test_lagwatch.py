@@ -177,6 +177,28 @@ def test_with_no_broker_the_sampler_says_so_logs_once_and_keeps_trying(
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
 
 
+@pytest.mark.kafka
+@pytest.mark.parametrize("group", ["", "g" * 40_000], ids=["empty", "huge"])
+def test_a_group_id_no_consumer_can_read_is_said_on_the_page_and_the_sampler_goes_on(
+        kafka_bootstrap: str, admin: AdminClient, group: str) -> None:
+    # The group is the operator's `--app`: the offsets reader refuses an empty one, and the
+    # broker never answers for one longer than a protocol string (32,767 bytes).
+    settings = _settings(kafka_bootstrap, f"test.lag.{uuid.uuid4().hex[:10]}.")
+    ensure_topics(admin, settings, Deadline.after(60))
+    watch = LagWatch(settings, group, every=0.1)
+    watch.start()
+    try:
+        wait_until(lambda: watch.failures >= 2, timeout=WAIT_S, message="two failed samples")
+        view = watch.view()
+        assert view.error and "Traceback" not in view.error and view.at_ms is None, view
+        assert watch._thread.is_alive()
+    finally:
+        watch.stop()
+        for future in admin.delete_topics(list(TopicNames.for_prefix(settings.topics.prefix).all()),
+                                          operation_timeout=30).values():
+            future.result(timeout=60)
+
+
 class _FailsOnce(LagWatch):
     """A sampler whose first sample raises what no Kafka client raises; later ones succeed."""
 
