@@ -78,14 +78,10 @@ def make_consumer(settings: Settings, group_id: str, instance_id: str | None = N
     `on_commit` receives the broker's answer to every commit (asynchronous ones included),
     from within the consumer's `consume()`, `poll()` or `close()`.
     """
-    conf: dict[str, object] = {**consumer_config(settings, group_id, instance_id=instance_id),
-                               "logger": KAFKA_LOG}
+    conf: dict[str, object] = {**consumer_config(settings, group_id, instance_id=instance_id)}
     if on_commit is not None:
         conf["on_commit"] = on_commit
-    try:
-        return Consumer(conf)
-    except KafkaException as exc:
-        raise _refused(exc) from exc
+    return _consumer(conf)
 
 
 def make_offsets_reader(settings: Settings, group_id: str) -> Consumer:
@@ -101,10 +97,12 @@ def make_offsets_reader(settings: Settings, group_id: str) -> Consumer:
     asks for stable offsets (KIP-447) under read_committed, and the pending offsets of an
     exactly-once processor would hold every read until its timeout.
     """
-    conf: dict[str, object] = {**consumer_config(settings, group_id),
-                               "isolation.level": "read_uncommitted", "logger": KAFKA_LOG}
+    return _consumer({**consumer_config(settings, group_id), "isolation.level": "read_uncommitted"})
+
+
+def _consumer(conf: dict[str, object]) -> Consumer:
     try:
-        return Consumer(conf)
+        return Consumer({**conf, "logger": KAFKA_LOG})
     except KafkaException as exc:
         raise _refused(exc) from exc
 

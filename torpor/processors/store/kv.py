@@ -270,9 +270,7 @@ class RowCache:
     """
 
     def __init__(self, capacity_bytes: int) -> None:
-        if capacity_bytes < 0:
-            raise ValueError(f"a row cache needs capacity_bytes >= 0, not {capacity_bytes}")
-        self._capacity = capacity_bytes
+        self._capacity = _checked_capacity(capacity_bytes)
         self._rows: dict[bytes, bytes | None] = {}
         self._bytes = 0
         self._changing = threading.Lock()  # `remember` on the writer, `resize` on any thread
@@ -303,8 +301,7 @@ class RowCache:
 
     def resize(self, capacity_bytes: int) -> None:
         """Hold at most `capacity_bytes` from now on, the oldest rows evicted at once."""
-        if capacity_bytes < 0:
-            raise ValueError(f"a row cache needs capacity_bytes >= 0, not {capacity_bytes}")
+        capacity_bytes = _checked_capacity(capacity_bytes)
         with self._changing:
             self._capacity = capacity_bytes
             self._bytes = self._evict(self._bytes)
@@ -321,6 +318,12 @@ class RowCache:
 
 
 _UNKNOWN: Final = object()
+
+
+def _checked_capacity(capacity_bytes: int) -> int:
+    if capacity_bytes < 0:
+        raise ValueError(f"a row cache needs capacity_bytes >= 0, not {capacity_bytes}")
+    return capacity_bytes
 
 
 def _row_bytes(key: bytes, value: bytes | None) -> int:
