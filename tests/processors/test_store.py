@@ -179,6 +179,38 @@ def test_a_row_cache_counts_exactly_the_bytes_of_the_rows_it_holds(
             assert cache.lookup(key) in ((True, value), (False, None))
 
 
+def _evicted_oldest_first(model: dict[bytes, bytes | None], capacity: int) -> None:
+    """The reference: pop the first-written row while the rows exceed `capacity`."""
+    while model and sum(len(k) + len(v or b"") + 64 for k, v in model.items()) > capacity:
+        del model[next(iter(model))]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    batches=_BATCHES,
+    cache_bytes=st.sampled_from([0, 80, 200, 400, 1 << 20]),
+    resizes=st.lists(st.sampled_from([0, 80, 150, 300, 1 << 20]), max_size=12),
+)
+def test_a_row_cache_evicts_exactly_the_oldest_writes_as_a_reference_model_does(
+    batches: list[list[Change]], cache_bytes: int, resizes: list[int]
+) -> None:
+    cache, capacity = RowCache(cache_bytes), cache_bytes
+    model: dict[bytes, bytes | None] = {}
+    for i, batch in enumerate(batches):
+        cache.remember(batch)
+        if capacity:
+            for key, value in batch:
+                model.pop(key, None)
+                model[key] = value
+            _evicted_oldest_first(model, capacity)
+        assert list(cache._rows.items()) == list(model.items())  # the same rows, in write order
+        if i < len(resizes):
+            capacity = resizes[i]
+            cache.resize(capacity)
+            _evicted_oldest_first(model, capacity)
+            assert list(cache._rows.items()) == list(model.items())
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=_BATCHES, cache_bytes=st.sampled_from([0, 80, 200, 1 << 20]))
 def test_a_rocks_store_reads_what_a_memory_store_reads_whatever_its_row_cache_holds(
