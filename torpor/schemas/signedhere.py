@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
+from collections import OrderedDict
 from typing import Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -30,7 +31,9 @@ CAPACITY: Final = 8192
 """About 1 MiB: a signature, a key and a digest each (64 + 32 + 32 bytes) and the dict's own."""
 
 _lock: Final = threading.Lock()
-_made: dict[tuple[bytes, bytes], bytes] = {}
+# An OrderedDict: its oldest entry is dropped in O(1); a dict's `next(iter(...))` scans
+# past the slots of every key popped since the dict last resized (microseconds at 8,192).
+_made: OrderedDict[tuple[bytes, bytes], bytes] = OrderedDict()
 
 
 @functools.lru_cache(maxsize=64)  # a process signs with one key or a few
@@ -44,10 +47,10 @@ def remember(private_key: Ed25519PrivateKey, signature: bytes, message: bytes) -
     entry = (public_bytes(private_key), signature)
     digest = hashlib.sha256(message).digest()
     with _lock:
-        _made.pop(entry, None)
         _made[entry] = digest
+        _made.move_to_end(entry)
         if len(_made) > CAPACITY:
-            del _made[next(iter(_made))]  # the oldest
+            _made.popitem(last=False)  # the oldest
 
 
 def holds(public_key: bytes, signature: bytes, message: bytes) -> bool:
