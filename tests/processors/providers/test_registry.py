@@ -126,6 +126,41 @@ def test_without_boto3_every_other_backend_runs_and_bedrock_says_what_to_install
     assert lines["boto3 imported"] == "False"
 
 
+_SDKS_ON_DEMAND = textwrap.dedent(
+    """
+    import asyncio, sys
+    import torpor.cli.processor, torpor.cli.local, torpor.cli.connector, torpor.inspector.app
+    from torpor.processors.models.providers.registry import ModelRouter, parse_model
+    from torpor.processors.models.providers.settings import ProviderSettings
+    from tests.processors.providers.samples import collect, history, request, user
+
+    def imported():
+        return sorted(name for name in ("openai", "anthropic") if name in sys.modules)
+
+    router = ModelRouter(ProviderSettings(), "scripted")
+    asyncio.run(collect(router.complete(request(history(user("hi"))))))
+    print("after scripted:", imported())
+    print("openai serves:", type(router.provider(parse_model("openai:m"))).__name__)
+    print("after openai:", imported())
+    print("anthropic serves:", type(router.provider(parse_model("anthropic:m"))).__name__)
+    print("after anthropic:", imported())
+    """
+)
+
+
+def test_a_process_imports_an_api_sdk_only_when_a_model_of_that_api_is_served() -> None:
+    # Why it matters: the two SDKs are about 100 MiB of every processor's resident memory.
+    ran = subprocess.run(
+        [sys.executable, "-c", _SDKS_ON_DEMAND], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = dict(line.split(": ", 1) for line in ran.stdout.splitlines())
+    assert lines["after scripted"] == "[]"
+    assert (lines["openai serves"], lines["after openai"]) == ("OpenAICompatProvider", "['openai']")
+    assert lines["anthropic serves"] == "AnthropicProvider"
+    assert lines["after anthropic"] == "['anthropic', 'openai']"
+
+
 def test_bedrock_settings_name_a_region_and_take_no_key() -> None:
     with pytest.raises(ConfigError):
         BedrockSettings(region="us east 1")

@@ -5,8 +5,11 @@
 - `anthropic_provider.AnthropicProvider`: Anthropic Messages, with tool use and extended
   thinking (signatures kept);
 - `bedrock_provider.BedrockProvider`: Amazon Bedrock's Converse API (`converse_stream`
-  through boto3, an optional extra: `pip install 'torpor[bedrock]'`; imported only when a
-  `bedrock:` model is first used, so it is not re-exported here);
+  through boto3, an optional extra: `pip install 'torpor[bedrock]'`);
+
+The three adapters are imported only when a model of their API is first served
+(`registry`), so none is re-exported here: importing this package does not import the
+`openai` or `anthropic` SDK (about 100 MiB of a process's memory).
 - `registry.ModelRouter` / `provider_for`: pick one by a model string
   (`openai:gpt-4o-mini`, `anthropic:claude-...`, `bedrock:<model id>`, `scripted`) from
   `settings.ProviderSettings`.
@@ -20,13 +23,11 @@ Failures are classified in `errors` (extending the seam's `TransientModelError` 
 
 from __future__ import annotations
 
-from torpor.processors.models.providers.anthropic_provider import AnthropicProvider
 from torpor.processors.models.providers.errors import (
     IncompleteStreamError,
     RateLimitedError,
     StreamStalledError,
 )
-from torpor.processors.models.providers.openai_compat import OpenAICompatProvider
 from torpor.processors.models.providers.registry import (
     Backend,
     ModelRef,
@@ -37,13 +38,11 @@ from torpor.processors.models.providers.registry import (
 from torpor.processors.models.providers.settings import EndpointSettings, ProviderSettings
 
 __all__ = [
-    "AnthropicProvider",
     "Backend",
     "EndpointSettings",
     "IncompleteStreamError",
     "ModelRef",
     "ModelRouter",
-    "OpenAICompatProvider",
     "ProviderSettings",
     "RateLimitedError",
     "StreamStalledError",

@@ -13,10 +13,13 @@ its own `request.model` (a thread may be switched to another model with `set_mod
 building each API's client once, on first use, and `aclose()` closes them.
 Settings come in as `ProviderSettings`; nothing here reads the environment.
 
-Bedrock is an optional extra (`pip install 'torpor[bedrock]'`, which brings boto3), so
-its adapter is imported only when a `bedrock:` model is first served: a processor without
-boto3 runs every other backend, and a `bedrock:` model without it is a `ConfigError`
-(a failed completion, for a thread's own model) that says what to install.
+Each API's adapter and SDK is imported only when a model of that API is first served
+(`openai_adapter`, `anthropic_adapter`, `bedrock_adapter`). Why: importing the `anthropic`
+and `openai` SDKs costs about 100 MiB of resident memory and 4,600 modules, in every
+processor and CLI process, whether or not a thread ever names that API. Bedrock is also an
+optional extra (`pip install 'torpor[bedrock]'`, which brings boto3): a processor without
+boto3 runs every other backend, and a `bedrock:` model without it is a `ConfigError` (a
+failed completion, for a thread's own model) that says what to install.
 """
 
 from __future__ import annotations
@@ -25,9 +28,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Final
-
-from anthropic import AsyncAnthropic
-from openai import AsyncOpenAI
 
 from torpor.processors.models.provider import (
     CompletionRequest,
@@ -38,15 +38,17 @@ from torpor.processors.models.provider import (
     ScriptedModel,
     ScriptRule,
 )
-from torpor.processors.models.providers.anthropic_provider import AnthropicProvider, anthropic_client
-from torpor.processors.models.providers.openai_compat import OpenAICompatProvider, openai_client
-from torpor.processors.models.providers.settings import BedrockSettings, ProviderSettings
+from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
 from torpor.schemas.errors import ConfigError
 
 if TYPE_CHECKING:
+    from anthropic import AsyncAnthropic
     from mypy_boto3_bedrock_runtime import BedrockRuntimeClient
+    from openai import AsyncOpenAI
 
+    from torpor.processors.models.providers.anthropic_provider import AnthropicProvider
     from torpor.processors.models.providers.bedrock_provider import BedrockProvider
+    from torpor.processors.models.providers.openai_compat import OpenAICompatProvider
 
 BEDROCK_EXTRA: Final = "pip install 'torpor[bedrock]'"
 
@@ -88,6 +90,20 @@ def parse_model(model: str) -> ModelRef:
     return ModelRef(backend, name)
 
 
+def openai_adapter() -> tuple[type[OpenAICompatProvider], Callable[[EndpointSettings], AsyncOpenAI]]:
+    """The OpenAI-compatible provider class and client factory, imported now (module docstring)."""
+    from torpor.processors.models.providers.openai_compat import OpenAICompatProvider, openai_client
+
+    return OpenAICompatProvider, openai_client
+
+
+def anthropic_adapter() -> tuple[type[AnthropicProvider], Callable[[EndpointSettings], AsyncAnthropic]]:
+    """The Anthropic provider class and client factory, imported now (module docstring)."""
+    from torpor.processors.models.providers.anthropic_provider import AnthropicProvider, anthropic_client
+
+    return AnthropicProvider, anthropic_client
+
+
 def bedrock_adapter() -> tuple[type[BedrockProvider], Callable[[BedrockSettings], BedrockRuntimeClient]]:
     """The Bedrock provider class and client factory, imported now.
 
@@ -107,9 +123,11 @@ def provider_for(model: str, settings: ProviderSettings, script: Sequence[Script
     ref = parse_model(model)
     match ref.backend:
         case Backend.OPENAI:
-            return OpenAICompatProvider(openai_client(settings.openai), ref.name, settings.openai)
+            openai, openai_client = openai_adapter()
+            return openai(openai_client(settings.openai), ref.name, settings.openai)
         case Backend.ANTHROPIC:
-            return AnthropicProvider(anthropic_client(settings.anthropic), ref.name, settings.anthropic)
+            anthropic, anthropic_client = anthropic_adapter()
+            return anthropic(anthropic_client(settings.anthropic), ref.name, settings.anthropic)
         case Backend.BEDROCK:
             provider, client = bedrock_adapter()
             return provider(client(settings.bedrock), ref.name, settings.bedrock)
@@ -161,13 +179,15 @@ class ModelRouter:
         """The provider for `ref`, sharing one client per API."""
         match ref.backend:
             case Backend.OPENAI:
+                openai, openai_client = openai_adapter()
                 if self._openai is None:
                     self._openai = openai_client(self.settings.openai)
-                return OpenAICompatProvider(self._openai, ref.name, self.settings.openai)
+                return openai(self._openai, ref.name, self.settings.openai)
             case Backend.ANTHROPIC:
+                anthropic, anthropic_client = anthropic_adapter()
                 if self._anthropic is None:
                     self._anthropic = anthropic_client(self.settings.anthropic)
-                return AnthropicProvider(self._anthropic, ref.name, self.settings.anthropic)
+                return anthropic(self._anthropic, ref.name, self.settings.anthropic)
             case Backend.BEDROCK:
                 provider, client = bedrock_adapter()
                 if self._bedrock is None:
