@@ -115,12 +115,18 @@ _WITHOUT_BOTO3 = textwrap.dedent(
 )
 
 
-def test_without_boto3_every_other_backend_runs_and_bedrock_says_what_to_install() -> None:
+def _python(script: str) -> str:
+    """What `script` prints, run by this Python in a process of its own (a fresh `sys.modules`)."""
     ran = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_BOTO3], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
     )
     assert ran.returncode == 0, ran.stderr
-    lines = dict(line.split(": ", 1) for line in ran.stdout.splitlines())
+    return ran.stdout
+
+
+def test_without_boto3_every_other_backend_runs_and_bedrock_says_what_to_install() -> None:
+    stdout = _python(_WITHOUT_BOTO3)
+    lines = dict(line.split(": ", 1) for line in stdout.splitlines())
     assert (lines["scripted"], lines["openai"]) == ("fine", "OpenAICompatProvider")
     assert BEDROCK_EXTRA in lines["request"] and BEDROCK_EXTRA in lines["start"]
     assert lines["boto3 imported"] == "False"
@@ -148,13 +154,28 @@ _SDKS_ON_DEMAND = textwrap.dedent(
 )
 
 
+_DEFAULT_AT_START = textwrap.dedent(
+    """
+    import sys
+    from torpor.processors.models.providers.registry import ModelRouter
+    from torpor.processors.models.providers.settings import ProviderSettings
+
+    ModelRouter(ProviderSettings(), "anthropic:m")
+    print(sorted(name for name in ("openai", "anthropic") if name in sys.modules))
+    """
+)
+
+
+def test_a_router_imports_its_default_models_sdk_when_it_is_made() -> None:
+    # Not in the first completion, where the import (1.5 s for anthropic) holds up the stage's loop.
+    stdout = _python(_DEFAULT_AT_START)
+    assert stdout.strip() == "['anthropic']"
+
+
 def test_a_process_imports_an_api_sdk_only_when_a_model_of_that_api_is_served() -> None:
     # Why it matters: the two SDKs are about 100 MiB of every processor's resident memory.
-    ran = subprocess.run(
-        [sys.executable, "-c", _SDKS_ON_DEMAND], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert ran.returncode == 0, ran.stderr
-    lines = dict(line.split(": ", 1) for line in ran.stdout.splitlines())
+    stdout = _python(_SDKS_ON_DEMAND)
+    lines = dict(line.split(": ", 1) for line in stdout.splitlines())
     assert lines["after scripted"] == "[]"
     assert (lines["openai serves"], lines["after openai"]) == ("OpenAICompatProvider", "['openai']")
     assert lines["anthropic serves"] == "AnthropicProvider"

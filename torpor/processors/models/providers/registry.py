@@ -14,7 +14,8 @@ building each API's client once, on first use, and `aclose()` closes them.
 Settings come in as `ProviderSettings`; nothing here reads the environment.
 
 Each API's adapter and SDK is imported only when a model of that API is first served
-(`openai_adapter`, `anthropic_adapter`, `bedrock_adapter`). Why: importing the `anthropic`
+(`openai_adapter`, `anthropic_adapter`, `bedrock_adapter`), or when a `ModelRouter` whose
+default model is of that API is made (at start, not in the first completion). Why: importing the `anthropic`
 and `openai` SDKs costs about 100 MiB of resident memory and 4,600 modules, in every
 processor and CLI process, whether or not a thread ever names that API. Bedrock is also an
 optional extra (`pip install 'torpor[bedrock]'`, which brings boto3): a processor without
@@ -167,9 +168,18 @@ class ModelRouter:
     _providers: dict[str, ModelProvider] = field(default_factory=dict)  # by model string
 
     def __post_init__(self) -> None:
-        # Refuse to start on a bad default, or one whose API this process cannot reach.
-        if parse_model(self.default_model).backend is Backend.BEDROCK:
-            self.provider(parse_model(self.default_model))
+        # Refuse to start on a bad default, or one whose API this process cannot reach; and
+        # import the default's SDK now, not in the first completion: importing `anthropic`
+        # takes 1.5 s here, which would hold up the stage's loop and every stream on it.
+        match parse_model(self.default_model).backend:
+            case Backend.BEDROCK:
+                self.provider(parse_model(self.default_model))
+            case Backend.OPENAI:
+                openai_adapter()
+            case Backend.ANTHROPIC:
+                anthropic_adapter()
+            case Backend.SCRIPTED:
+                pass
 
     def models(self) -> tuple[ModelInfo, ...]:
         default = self.provider(parse_model(self.default_model)).models()
