@@ -6,10 +6,6 @@
   thinking (signatures kept);
 - `bedrock_provider.BedrockProvider`: Amazon Bedrock's Converse API (`converse_stream`
   through boto3, an optional extra: `pip install 'torpor[bedrock]'`);
-
-The three adapters are imported only when a model of their API is first served
-(`registry`), so none is re-exported here: importing this package does not import the
-`openai` or `anthropic` SDK (about 100 MiB of a process's memory).
 - `registry.ModelRouter` / `provider_for`: pick one by a model string
   (`openai:gpt-4o-mini`, `anthropic:claude-...`, `bedrock:<model id>`, `scripted`) from
   `settings.ProviderSettings`.
@@ -19,6 +15,10 @@ How history is shown to a model is pure and lives apart from the clients:
 `mapping_bedrock`, and `blocks` (what the last two share).
 Failures are classified in `errors` (extending the seam's `TransientModelError` and
 `PermanentModelError`); `stall` bounds how long a stream may stay silent.
+
+The three adapters are imported only when a model of their API is first served
+(`registry`), so none is re-exported here: importing this package does not import the
+`openai` or `anthropic` SDK (about 100 MiB of a process's memory).
 """
 
 from __future__ import annotations

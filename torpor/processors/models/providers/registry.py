@@ -15,12 +15,13 @@ Settings come in as `ProviderSettings`; nothing here reads the environment.
 
 Each API's adapter and SDK is imported only when a model of that API is first served
 (`openai_adapter`, `anthropic_adapter`, `bedrock_adapter`), or when a `ModelRouter` whose
-default model is of that API is made (at start, not in the first completion). Why: importing the `anthropic`
-and `openai` SDKs costs about 100 MiB of resident memory and 4,600 modules, in every
-processor and CLI process, whether or not a thread ever names that API. Bedrock is also an
-optional extra (`pip install 'torpor[bedrock]'`, which brings boto3): a processor without
-boto3 runs every other backend, and a `bedrock:` model without it is a `ConfigError` (a
-failed completion, for a thread's own model) that says what to install.
+default model is of that API is made (at start, not in the first completion). Why:
+importing the `anthropic` and `openai` SDKs costs about 100 MiB of resident memory and
+4,600 modules, in every processor and CLI process, whether or not a thread ever names
+that API. Bedrock is also an optional extra (`pip install 'torpor[bedrock]'`, which
+brings boto3): a processor without boto3 runs every other backend, and a `bedrock:` model
+without it is a `ConfigError` (a failed completion, for a thread's own model) that says
+what to install.
 """
 
 from __future__ import annotations
