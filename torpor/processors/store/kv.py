@@ -313,12 +313,7 @@ class RowCache:
         row: a dict keeps the slots of popped keys until it resizes, and iteration starts
         by scanning past them, so popping the oldest row again and again was quadratic
         (9 us a row under load, and a full `resize(0)` at close took 0.6 s)."""
-        if held <= self._capacity:
-            return held
         rows = self._rows
-        if self._capacity == 0:
-            rows.clear()
-            return 0
         doomed: list[bytes] = []
         for key, value in rows.items():
             if held <= self._capacity:
