@@ -172,9 +172,10 @@ class ModelRouter:
         # Refuse to start on a bad default, or one whose API this process cannot reach; and
         # import the default's SDK now, not in the first completion: importing `anthropic`
         # takes 1.5 s here, which would hold up the stage's loop and every stream on it.
-        match parse_model(self.default_model).backend:
+        default = parse_model(self.default_model)
+        match default.backend:
             case Backend.BEDROCK:
-                self.provider(parse_model(self.default_model))
+                self.provider(default)
             case Backend.OPENAI:
                 openai_adapter()
             case Backend.ANTHROPIC:
