@@ -9,6 +9,10 @@
 
 `topic_factory(partitions=1, config=None)` creates a uniquely named topic, waits until
 it has a leader on every partition, and deletes it after the test.
+
+A test marked `pure_only` replaces a module-level function of the compiled core
+(`torpor.native.MODULES`), which compiled callers do not see: it is skipped while the
+compiled core is in use, and `bin/test` runs it in its pure pass (`TORPOR_PURE=1`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from tests.waiting import wait_until
+from torpor import native
 
 BOOTSTRAP_ENV: Final = "TORPOR_TEST_BOOTSTRAP"
 HOW_TO_START: Final = (
@@ -35,6 +40,16 @@ HOW_TO_START: Final = (
 )
 # The testcontainers image must be a cp-kafka one (its start script); 7.6 speaks KRaft.
 CONTAINER_IMAGE: Final = "confluentinc/cp-kafka:7.6.0"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not native.active():
+        return
+    skip = pytest.mark.skip(reason="replaces a function of the compiled core: runs in bin/test's "
+                                   f"pure pass ({native.PURE_ENV}=1)")
+    for item in items:
+        if item.get_closest_marker("pure_only") is not None:
+            item.add_marker(skip)
 
 
 class TopicFactory(Protocol):

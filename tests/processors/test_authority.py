@@ -253,6 +253,7 @@ def test_a_thread_produced_to_another_partition_is_refused_there() -> None:
         == ["applied"]
 
 
+@pytest.mark.pure_only  # replaces step's `fold`: compiled, step calls its own
 def test_when_even_parking_fails_the_input_gets_a_receipt_and_step_goes_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def broken_fold(*_: object) -> object:

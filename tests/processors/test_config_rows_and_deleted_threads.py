@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from tests.processors.fold_scenarios import config, control, create, user
 from torpor.processors.fold.state import Status
 from torpor.processors.replay import compare, thread_heads
@@ -160,6 +162,7 @@ def decode_fresh(store: MemoryStore):  # type: ignore[no-untyped-def]
     return statecodec.decode_state(raw, cfg)  # no thread id: the memo is not asked
 
 
+@pytest.mark.pure_only  # replaces step's `_size_problem`: compiled, step calls its own
 def test_a_fold_that_raises_after_encoding_and_a_too_large_refusal_leave_the_rows_consistent(
         monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import torpor.processors.step as step_module

@@ -99,6 +99,7 @@ def test_writes_stay_in_the_overlay_until_it_commits() -> None:
     assert load_state(base, "t1") is not None
 
 
+@pytest.mark.pure_only  # replaces step's `fold`: compiled, step calls its own
 def test_a_fold_that_keeps_raising_is_retried_then_parked(monkeypatch: pytest.MonkeyPatch) -> None:
     store, feed = MemoryStore(), Feed()
     created(store, feed)
@@ -123,6 +124,7 @@ def test_a_fold_that_keeps_raising_is_retried_then_parked(monkeypatch: pytest.Mo
     assert state is not None and state.status is Status.PARKED
 
 
+@pytest.mark.pure_only  # replaces step's `fold`: compiled, step calls its own
 def test_a_fold_that_fails_once_succeeds_on_retry_with_the_attempt_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

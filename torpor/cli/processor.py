@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from torpor import native
 from torpor.cli.hosted import HostedConnectors
 from torpor.cli.logs import LOG_FORMAT_OPTION, announce, configure
 from torpor.cli.metrics import serve_metrics
@@ -112,6 +113,7 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
         commands = worker_commands(ctx, workers, instance, store_dir or Path(".torpor") / "stores" / instance,
                                    metrics_port)
         sys.exit(supervise(commands))
+    logging.getLogger(__name__).info("compiled core (torpor/native.py): %s", native.status())
     # A stop asked for during startup (topics, stores) is honoured at the loop's first check.
     stopping: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):

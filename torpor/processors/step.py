@@ -437,8 +437,9 @@ def _interpret(
 
 
 _copy_receipt: Final = slot_copier(Receipt)
-_PARTITION: Final = Receipt.__dict__["input_partition"]
-_OFFSET: Final = Receipt.__dict__["input_offset"]
+# `vars`, not `Receipt.__dict__`: a compiled module (torpor.native) cannot read the latter.
+_PARTITION: Final = vars(Receipt)["input_partition"]
+_OFFSET: Final = vars(Receipt)["input_offset"]
 
 
 def _placed(receipt: Receipt, partition: int | None, offset: int | None) -> Receipt:

@@ -60,10 +60,11 @@ PROCESSOR_SOURCE = "processor"
 
 
 # A field-for-field copy of a state for one draft to change in place (module docstring),
-# and each field's slot setter, to change it there.
+# and each field's slot setter, to change it there (`vars`: this module may be compiled,
+# torpor.native, and a compiled module cannot read a class's `__dict__` attribute).
 _own_copy: Final = slot_copier(ThreadState)
 _SET_FIELD: Final[dict[str, Callable[[ThreadState, object], None]]] = {
-    f.name: ThreadState.__dict__[f.name].__set__ for f in dataclasses.fields(ThreadState)}
+    f.name: vars(ThreadState)[f.name].__set__ for f in dataclasses.fields(ThreadState)}
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.

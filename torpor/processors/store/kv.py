@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+from mypy_extensions import mypyc_attr
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from torpor.processors.store import keys
@@ -95,6 +96,9 @@ def _decode_offsets(store: Store) -> StoreOffsets:
     )
 
 
+# Tests subclass it (a store torn by a concurrent commit, one that counts what is read): a
+# compiled class (torpor.native) allows that only when told.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MemoryStore:
     """A dict-backed `Store`: the same contract as RocksDB, gone when the process ends."""
 
@@ -250,6 +254,9 @@ def _leave_rows(cache: RowCache) -> None:
 _ROW_OVERHEAD: Final = 64  # bytes a cached row costs beyond its key and value (dict slot, objects)
 
 
+# A Python class even when this module is compiled (torpor.native): the caches sharing the
+# row budget are held weakly (`_shared_rows`), and a compiled class takes no weak reference.
+@mypyc_attr(native_class=False)
 class RowCache:
     """The rows one store wrote last, by key (None: deleted), oldest write evicted first.
 

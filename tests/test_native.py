@@ -1,0 +1,114 @@
+"""The compiled core's guard (torpor/native.py): a build is used only when it matches its sources.
+
+The stale build is the hazard: a `.so` beside its `.py` wins the import, so a source
+edited after `bin/compile` would silently run its old code. These tests build a fake
+tree (sources, a manifest, extension files) and check each way a build goes out of date,
+that the finder loads sources instead, and, in fresh processes, that the real modules
+come all from the build or all from their sources.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torpor import native
+
+MODULES = ("pkg.alpha", "pkg.beta")
+
+
+def _tree(root: Path) -> Path:
+    """`pkg` with two sources, their extensions (stand-ins: never imported) and a manifest."""
+    package = root / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module in MODULES:
+        native.source_path(module, root).write_text(f"NAME = {module!r}\n")
+        native.extension_path(module, root).write_bytes(b"not an extension")
+    manifest = root / "manifest.json"
+    manifest.write_text(json.dumps({"interpreter": native.interpreter(),
+                                    "sources": native.digests(MODULES, root)}))
+    return manifest
+
+
+def test_a_build_that_matches_its_sources_is_used(tmp_path: Path) -> None:
+    assert native.stale(_tree(tmp_path), MODULES, tmp_path) is None
+
+
+def test_a_source_edited_after_the_build_makes_it_stale(tmp_path: Path) -> None:
+    manifest = _tree(tmp_path)
+    native.source_path("pkg.beta", tmp_path).write_text("NAME = 'edited'\n")
+    reason = native.stale(manifest, MODULES, tmp_path)
+    assert reason is not None and "out of date" in reason and "pkg.beta" in reason
+
+
+def test_a_missing_source_or_extension_makes_it_stale(tmp_path: Path) -> None:
+    manifest = _tree(tmp_path)
+    native.extension_path("pkg.alpha", tmp_path).unlink()
+    assert "incomplete" in (native.stale(manifest, MODULES, tmp_path) or "")
+    native.source_path("pkg.alpha", tmp_path).unlink()
+    assert "out of date" in (native.stale(manifest, MODULES, tmp_path) or "")
+
+
+@pytest.mark.parametrize("manifest_text", ["", "{", "[]", '{"interpreter": 1}', "null"])
+def test_a_missing_or_garbled_manifest_means_not_built(tmp_path: Path, manifest_text: str) -> None:
+    _tree(tmp_path)
+    manifest = tmp_path / "garbled.json"
+    manifest.write_text(manifest_text)
+    assert native.stale(manifest, MODULES, tmp_path) is not None
+    assert "not built" in (native.stale(tmp_path / "absent.json", MODULES, tmp_path) or "")
+
+
+def test_a_build_for_another_interpreter_or_module_list_is_stale(tmp_path: Path) -> None:
+    manifest = _tree(tmp_path)
+    built = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**built, "interpreter": "cpython-399.so"}))
+    assert "another interpreter" in (native.stale(manifest, MODULES, tmp_path) or "")
+    manifest.write_text(json.dumps(built))
+    assert "another list" in (native.stale(manifest, ("pkg.alpha",), tmp_path) or "")
+
+
+def test_the_finder_loads_each_source_and_never_the_extension_beside_it(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from torpor import native\n"
+        "try:\n    import pkg.alpha\nexcept ImportError as e:\n    print('extension tried:', e)\n"
+        "sys.modules.pop('pkg.alpha', None)\n"
+        "sys.meta_path.insert(0, native._SourceOnly('pkg'))\n"
+        "import pkg.alpha, pkg.beta; print(pkg.alpha.NAME, pkg.beta.NAME, pkg.alpha.__file__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          check=True, env={"TORPOR_PURE": "1", "PATH": ""}, timeout=120)
+    lines = done.stdout.splitlines()
+    # Without the finder the import system takes the (fake) extension first: the hazard.
+    assert lines[0].startswith("extension tried:"), done.stdout
+    assert lines[1].startswith("pkg.alpha pkg.beta ") and lines[1].endswith("alpha.py"), done.stdout
+
+
+def _origins(env: dict[str, str]) -> tuple[set[str], str]:
+    script = ("import importlib, torpor.native as n\n"
+              "for m in n.MODULES: print(importlib.import_module(m).__file__)\n"
+              "print(n.status())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env=env, timeout=120)
+    *files, status = done.stdout.splitlines()
+    assert len(files) == len(native.MODULES)
+    return {Path(f).suffix for f in files}, status
+
+
+def test_with_torpor_pure_every_module_of_the_core_is_its_source() -> None:
+    suffixes, status = _origins({"TORPOR_PURE": "1", "PATH": ""})
+    assert suffixes == {".py"} and status == "off (TORPOR_PURE=1)"
+
+
+def test_the_core_is_all_compiled_when_the_build_is_fresh_and_all_source_otherwise() -> None:
+    reason = native.stale()
+    suffixes, status = _origins({"PATH": ""})
+    if reason is None:  # bin/venv builds it: what bin/test and CI run
+        assert suffixes == {".so"} and status == "in use"
+    else:
+        assert suffixes == {".py"} and status == reason

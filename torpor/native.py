@@ -1,0 +1,217 @@
+"""The compiled core: which modules mypyc compiles, building them, and whether they are used.
+
+Why: the fold, the step, the store and the codecs' hot paths are most of the CPU a
+completion costs (issue 18), and they are already typed for `mypy --strict`, which is
+what mypyc needs to compile them into C extensions. Compiled, the same source costs
+about a sixth less CPU per completion (bench/README.md, "stop 22"). Nothing else
+changes: the compiled modules are the same code, and every one of them still runs as
+Python when it is not built.
+
+Contract.
+
+- `MODULES`: the modules compiled. They hold functions and plain classes over the
+  records of `torpor.schemas.records` and `torpor.processors.fold.state`, which stay
+  Python classes (the fold's records use slot tricks, `torpor.schemas.frozen`, that a
+  compiled class does not have).
+- `build()` (`bin/compile`, and `bin/venv` when the build is missing or out of date):
+  removes the manifest and any earlier build, compiles `MODULES` in place (a `.so` beside
+  each source, one shared library at the checkout's root), then writes `MANIFEST`, the
+  SHA-256 of each source and the interpreter's tag. Needs a C compiler, the Python
+  headers and setuptools (all in the lock or on the machine); raises if the build fails.
+- `choose()` (run by `torpor/__init__.py`, before any of `MODULES` can be imported): the
+  compiled modules are used only if `MANIFEST` names this interpreter, every source's
+  hash matches and every extension is there. Otherwise (a source edited since the build,
+  another Python, a half-finished build, `TORPOR_PURE=1`) a finder makes every module of
+  the package load from its `.py`. All or none: compiled modules call each other directly
+  in C, so one loaded from a newer source would still see its neighbours' old code.
+- `status()`: why the compiled modules are used or not, for a start-up log line;
+  `active()`: whether they are.
+
+Tests that replace a module-level function of `MODULES` (monkeypatch) see no effect on
+compiled callers, which bound the original at build time: they are marked `pure_only`,
+skipped while the compiled core is active, and run by `bin/test`'s pure pass
+(`TORPOR_PURE=1`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+MODULES: Final = (
+    "torpor.processors.fold.authority",
+    "torpor.processors.fold.builtins",
+    "torpor.processors.fold.calls",
+    "torpor.processors.fold.children",
+    "torpor.processors.fold.draft",
+    "torpor.processors.fold.forks",
+    "torpor.processors.fold.history",
+    "torpor.processors.fold.inbound",
+    "torpor.processors.fold.pending",
+    "torpor.processors.fold.receipts",
+    "torpor.processors.fold.transitions",
+    "torpor.processors.fold.verify",
+    "torpor.processors.step",
+    "torpor.processors.store.keys",
+    "torpor.processors.store.kv",
+    "torpor.processors.store.statecodec",
+    "torpor.processors.store.tables",
+    "torpor.schemas.avrowriter",
+    "torpor.schemas.ids",
+    "torpor.schemas.sortedjson",
+)
+PURE_ENV: Final = "TORPOR_PURE"
+ROOT: Final = Path(__file__).resolve().parent.parent  # the checkout: MODULES' paths start here
+MANIFEST: Final = ROOT / "torpor" / ".compiled.json"
+GROUP: Final = "torpor_core"  # the shared library: `torpor_core__mypyc.<suffix>` at ROOT
+BUILD_DIR: Final = ROOT / ".torpor" / "compiled"  # mypyc's C sources and the objects
+_SUFFIX: Final = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so
+
+_status = "not chosen yet"
+_active = False
+
+
+def source_path(module: str, root: Path = ROOT) -> Path:
+    return root.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def extension_path(module: str, root: Path = ROOT) -> Path:
+    return root.joinpath(*module.split(".")).with_name(module.rpartition(".")[2] + _SUFFIX)
+
+
+def digests(modules: Sequence[str], root: Path = ROOT) -> dict[str, str]:
+    """The SHA-256 of each module's source (a missing source has none: it never matches)."""
+    out: dict[str, str] = {}
+    for module in modules:
+        try:
+            out[module] = hashlib.sha256(source_path(module, root).read_bytes()).hexdigest()
+        except OSError:
+            out[module] = ""
+    return out
+
+
+def interpreter() -> str:
+    """What a build is valid for: the implementation's cache tag and extension suffix."""
+    return f"{sys.implementation.cache_tag}{_SUFFIX}"
+
+
+def stale(manifest: Path = MANIFEST, modules: Sequence[str] = MODULES, root: Path = ROOT) -> str | None:
+    """Why the build at `root` cannot be used (module docstring), or None if it can."""
+    try:
+        built = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return "not built (bin/compile builds it)"
+    if not isinstance(built, dict) or built.get("interpreter") != interpreter():
+        return f"built for another interpreter than {interpreter()} (bin/compile rebuilds it)"
+    sources = built.get("sources")
+    if not isinstance(sources, dict) or sorted(sources) != sorted(modules):
+        return "built for another list of modules (bin/compile rebuilds it)"
+    changed = [m for m, digest in digests(modules, root).items() if sources.get(m) != digest]
+    if changed:
+        return f"out of date: {len(changed)} source(s) changed since the build, {changed[0]} first " \
+               "(bin/compile rebuilds it)"
+    missing = [m for m in modules if not extension_path(m, root).exists()]
+    if missing:
+        return f"incomplete: no extension for {missing[0]} (bin/compile rebuilds it)"
+    return None
+
+
+class _SourceOnly:
+    """A meta path finder: every module of `package` as its `.py`, never as a compiled
+    extension beside it (one of `MODULES`, or one left by a build of a longer list).
+    (Not an `importlib.abc.MetaPathFinder`: that import alone cost ~18 ms.)"""
+
+    def __init__(self, package: str) -> None:
+        self._prefix = package + "."
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if not fullname.startswith(self._prefix):
+            return None
+        found = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if found is None or found.origin is None or found.origin.endswith(".py"):
+            return found
+        source = Path(found.origin).with_name(fullname.rpartition(".")[2] + ".py")
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def choose(env: Mapping[str, str] = os.environ) -> None:
+    """Use the compiled modules if they are built for these sources, else their `.py` (once)."""
+    global _status, _active
+    if any(isinstance(finder, _SourceOnly) for finder in sys.meta_path) or _active:
+        return
+    if env.get(PURE_ENV, "") not in ("", "0"):
+        reason: str | None = f"off ({PURE_ENV}={env[PURE_ENV]})"
+    else:
+        reason = stale()
+    if reason is None:
+        _status, _active = "in use", True
+        return
+    _status = reason
+    sys.meta_path.insert(0, _SourceOnly(__name__.partition(".")[0]))
+
+
+def status() -> str:
+    """'in use', or why not."""
+    return _status
+
+
+def active() -> bool:
+    return _active
+
+
+def build(jobs: int = 2) -> None:
+    """Compile `MODULES` in place and write `MANIFEST` (module docstring). Raises on failure."""
+    MANIFEST.unlink(missing_ok=True)
+    # Every extension in the package, not only those of `MODULES`: one left by a build of a
+    # longer list would still be imported before its source.
+    for built in [*(ROOT / "torpor").rglob(f"*{_SUFFIX}"), *ROOT.glob(f"{GROUP}__mypyc*")]:
+        built.unlink()
+    # Build-time only: a runtime without mypy (or setuptools) never imports these.
+    from mypyc.build import mypycify
+    from setuptools import Distribution
+
+    sources = digests(MODULES)
+    previous = Path.cwd()
+    os.chdir(ROOT)  # mypyc names each module from its path, relative to here
+    try:
+        extensions = mypycify([str(source_path(m).relative_to(ROOT)) for m in MODULES],
+                              opt_level="3", group_name=GROUP, target_dir=str(BUILD_DIR))
+        # A Distribution of our own, not setup(): setup() would read pyproject.toml, which
+        # describes the package for hatchling, not this build.
+        dist = Distribution({"name": GROUP, "ext_modules": extensions})
+        command = dist.get_command_obj("build_ext")
+        command.inplace = True
+        command.build_temp = str(BUILD_DIR / "temp")
+        command.build_lib = str(BUILD_DIR / "lib")
+        command.parallel = jobs
+        dist.run_command("build_ext")
+    finally:
+        os.chdir(previous)
+    if digests(MODULES) != sources:
+        raise RuntimeError("a source changed while it was being compiled: run bin/compile again")
+    MANIFEST.write_text(json.dumps({"interpreter": interpreter(), "sources": sources}, indent=1) + "\n")
+
+
+def main(argv: Sequence[str]) -> int:
+    """`bin/compile [build|check|status]`: build; exit 1 if the build cannot be used; say why."""
+    if list(argv) == ["build"]:
+        build(os.cpu_count() or 1)
+        print(f"compiled core: built {len(MODULES)} modules", file=sys.stderr)
+        return 0
+    if list(argv) in (["check"], ["status"]):
+        reason = stale()
+        print(f"compiled core: {'built, up to date' if reason is None else reason}", file=sys.stderr)
+        return 0 if reason is None or argv[0] == "status" else 1
+    print("usage: bin/compile [build|check|status]", file=sys.stderr)
+    return 2
