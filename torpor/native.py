@@ -3,7 +3,8 @@
 Why: the fold, the step, the store and the codecs' hot paths are most of the CPU a
 completion costs (issue 18), and they are already typed for `mypy --strict`, which is
 what mypyc needs to compile them into C extensions. Compiled, the same source costs
-about a sixth less CPU per completion (bench/README.md, "stop 22"). Nothing else
+a fifth less CPU per completion in local mode, an eighth in Kafka mode (bench/README.md,
+"stop 22"). Nothing else
 changes: the compiled modules are the same code, and every one of them still runs as
 Python when it is not built.
 
