@@ -22,17 +22,32 @@ MODULES = ("pkg.alpha", "pkg.beta")
 
 
 def _tree(root: Path) -> Path:
-    """`pkg` with two sources, their extensions (stand-ins: never imported) and a manifest."""
+    """`pkg` with two compiled sources and one they import (`gamma`), their extensions and the
+    shared library (stand-ins: never imported), and the manifest `build()` would write."""
     package = root / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
+    (package / "gamma.py").write_text("LIMIT: int = 10\n")
+    native.source_path("pkg.alpha", root).write_text("from pkg.gamma import LIMIT\nNAME = 'pkg.alpha'\n")
+    native.source_path("pkg.beta", root).write_text("import pkg.alpha\nNAME = 'pkg.beta'\n")
     for module in MODULES:
-        native.source_path(module, root).write_text(f"NAME = {module!r}\n")
         native.extension_path(module, root).write_bytes(b"not an extension")
+    native.shared_library_path(root).write_bytes(b"not a library either")
     manifest = root / "manifest.json"
-    manifest.write_text(json.dumps({"interpreter": native.interpreter(),
-                                    "sources": native.digests(MODULES, root)}))
+    manifest.write_text(json.dumps(native.manifest_of(MODULES, native.dependencies(MODULES, root), root)))
     return manifest
+
+
+def test_a_build_depends_on_its_sources_what_they_import_and_their_packages(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    found = [p.relative_to(tmp_path).as_posix() for p in native.dependencies(MODULES, tmp_path)]
+    assert found == ["pkg/__init__.py", "pkg/alpha.py", "pkg/beta.py", "pkg/gamma.py"]
+
+
+def test_the_real_build_depends_on_the_records_and_the_limits_it_inlines() -> None:
+    found = {p.relative_to(native.ROOT).as_posix() for p in native.dependencies(native.MODULES)}
+    assert {"torpor/schemas/records.py", "torpor/processors/fold/state.py", "torpor/streams/config.py",
+            "torpor/processors/step.py"} <= found
 
 
 def test_a_build_that_matches_its_sources_is_used(tmp_path: Path) -> None:
@@ -43,15 +58,29 @@ def test_a_source_edited_after_the_build_makes_it_stale(tmp_path: Path) -> None:
     manifest = _tree(tmp_path)
     native.source_path("pkg.beta", tmp_path).write_text("NAME = 'edited'\n")
     reason = native.stale(manifest, MODULES, tmp_path)
-    assert reason is not None and "out of date" in reason and "pkg.beta" in reason
+    assert reason is not None and "out of date" in reason and "pkg/beta.py" in reason
 
 
-def test_a_missing_source_or_extension_makes_it_stale(tmp_path: Path) -> None:
+def test_an_imported_module_edited_after_the_build_makes_it_stale(tmp_path: Path) -> None:
+    """mypyc writes an imported `Final` constant into the compiled code: a new limit in a
+    module that is not compiled must not leave the old one in force (review of 6616c8e)."""
     manifest = _tree(tmp_path)
-    native.extension_path("pkg.alpha", tmp_path).unlink()
+    (tmp_path / "pkg" / "gamma.py").write_text("LIMIT: int = 11\n")
+    assert "pkg/gamma.py" in (native.stale(manifest, MODULES, tmp_path) or "")
+
+
+def test_a_missing_source_extension_or_shared_library_makes_it_stale(tmp_path: Path) -> None:
+    manifest = _tree(tmp_path)
+    native.shared_library_path(tmp_path).unlink()
     assert "incomplete" in (native.stale(manifest, MODULES, tmp_path) or "")
-    native.source_path("pkg.alpha", tmp_path).unlink()
-    assert "out of date" in (native.stale(manifest, MODULES, tmp_path) or "")
+    native.shared_library_path(tmp_path).write_bytes(b"not a library either")  # another mtime
+    assert "incomplete" in (native.stale(manifest, MODULES, tmp_path) or "")
+    (tmp_path / "again").mkdir()
+    manifest = _tree(tmp_path / "again")
+    native.extension_path("pkg.alpha", tmp_path / "again").unlink()
+    assert "incomplete" in (native.stale(manifest, MODULES, tmp_path / "again") or "")
+    native.source_path("pkg.alpha", tmp_path / "again").unlink()
+    assert "out of date" in (native.stale(manifest, MODULES, tmp_path / "again") or "")
 
 
 @pytest.mark.parametrize("manifest_text", ["", "{", "[]", '{"interpreter": 1}', "null"])

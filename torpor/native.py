@@ -15,16 +15,21 @@ Contract.
   Python classes (the fold's records use slot tricks, `torpor.schemas.frozen`, that a
   compiled class does not have).
 - `build()` (`bin/compile`, and `bin/venv` when the build is missing or out of date):
-  removes the manifest and any earlier build, compiles `MODULES` in place (a `.so` beside
-  each source, one shared library at the checkout's root), then writes `MANIFEST`, the
-  SHA-256 of each source and the interpreter's tag. Needs a C compiler, the Python
-  headers and setuptools (all in the lock or on the machine); raises if the build fails.
+  one at a time (a lock file); removes the manifest and every earlier extension, compiles
+  `MODULES` in place (a stub `.so` beside each source, the code in one shared library at
+  the checkout's root), then writes `MANIFEST`: the interpreter's tag, the SHA-256 of
+  every source the build depends on (`dependencies`: the 20 and every torpor module they
+  import, since mypyc copies imported constants and types into its C), and the size and
+  time of every extension. Needs a C compiler, the Python headers and setuptools (all in
+  the lock or on the machine); raises if the build fails.
 - `choose()` (run by `torpor/__init__.py`, before any of `MODULES` can be imported): the
-  compiled modules are used only if `MANIFEST` names this interpreter, every source's
-  hash matches and every extension is there. Otherwise (a source edited since the build,
-  another Python, a half-finished build, `TORPOR_PURE=1`) a finder makes every module of
-  the package load from its `.py`. All or none: compiled modules call each other directly
-  in C, so one loaded from a newer source would still see its neighbours' old code.
+  compiled modules are used only if `MANIFEST` names this interpreter and this module
+  list, every source hashes as it did and every extension is the one built; then the
+  shared library is loaded by its path, never another checkout's found on `sys.path`.
+  Otherwise (a source edited since the build, another Python, a half-finished build,
+  `TORPOR_PURE=1`) a finder makes every module of the package load from its `.py`. All
+  or none: compiled modules call each other directly in C, so one loaded from a newer
+  source would still see its neighbours' old code.
 - `status()`: why the compiled modules are used or not, for a start-up log line;
   `active()`: whether they are.
 
@@ -36,6 +41,7 @@ skipped while the compiled core is active, and run by `bin/test`'s pure pass
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -89,20 +95,80 @@ def extension_path(module: str, root: Path = ROOT) -> Path:
     return root.joinpath(*module.split(".")).with_name(module.rpartition(".")[2] + _SUFFIX)
 
 
-def digests(modules: Sequence[str], root: Path = ROOT) -> dict[str, str]:
-    """The SHA-256 of each module's source (a missing source has none: it never matches)."""
-    out: dict[str, str] = {}
-    for module in modules:
-        try:
-            out[module] = hashlib.sha256(source_path(module, root).read_bytes()).hexdigest()
-        except OSError:
-            out[module] = ""
-    return out
+def shared_library_path(root: Path = ROOT) -> Path:
+    """The one library holding every compiled module's code (each `.so` beside a source is a stub)."""
+    return root / f"{GROUP}__mypyc{_SUFFIX}"
+
+
+def _module_file(name: str, root: Path) -> Path | None:
+    base = root.joinpath(*name.split("."))
+    for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def dependencies(modules: Sequence[str], root: Path = ROOT) -> list[Path]:
+    """The sources a build of `modules` depends on: theirs, and those of every module of
+    their package they import, directly or not, with the packages' `__init__.py` on the way.
+    Why not only theirs: mypyc writes the `Final` constants and the types of the modules a
+    compiled one imports into its C code, so an edit to `schemas/records.py` or to a limit
+    in `streams/config.py` must make the build stale too (review of 6616c8e)."""
+    package = modules[0].partition(".")[0] if modules else ""
+    seen: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _module_file(name, root)
+        if path is None:  # a name imported from a module, not a module
+            continue
+        seen[name] = path
+        parts = name.split(".")
+        todo.extend(".".join(parts[:depth]) for depth in range(1, len(parts)))
+        for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+            if isinstance(node, ast.Import):
+                todo.extend(alias.name for alias in node.names if alias.name.partition(".")[0] == package)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None \
+                    and node.module.partition(".")[0] == package:
+                todo.append(node.module)
+                todo.extend(f"{node.module}.{alias.name}" for alias in node.names)
+    return sorted(seen.values())
+
+
+def _digest(path: Path) -> str:
+    """The SHA-256 of a file ("" if it cannot be read: it never matches)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def _stat(path: Path) -> list[int]:
+    """Size and modification time: a build's extensions are several MiB, too many to hash at
+    every import, and a rebuild or a half-finished write changes these."""
+    try:
+        found = path.stat()
+    except OSError:
+        return []
+    return [found.st_size, found.st_mtime_ns]
 
 
 def interpreter() -> str:
     """What a build is valid for: the implementation's cache tag and extension suffix."""
     return f"{sys.implementation.cache_tag}{_SUFFIX}"
+
+
+def manifest_of(modules: Sequence[str], sources: Sequence[Path], root: Path = ROOT) -> dict[str, object]:
+    """What `MANIFEST` says of a build of `modules` at `root` whose inputs are `sources`."""
+    extensions = [*(extension_path(m, root) for m in modules), shared_library_path(root)]
+    return {
+        "interpreter": interpreter(),
+        "modules": list(modules),
+        "sources": {str(p.relative_to(root)): _digest(p) for p in sources},
+        "extensions": {str(p.relative_to(root)): _stat(p) for p in extensions},
+    }
 
 
 def stale(manifest: Path = MANIFEST, modules: Sequence[str] = MODULES, root: Path = ROOT) -> str | None:
@@ -113,16 +179,20 @@ def stale(manifest: Path = MANIFEST, modules: Sequence[str] = MODULES, root: Pat
         return "not built (bin/compile builds it)"
     if not isinstance(built, dict) or built.get("interpreter") != interpreter():
         return f"built for another interpreter than {interpreter()} (bin/compile rebuilds it)"
-    sources = built.get("sources")
-    if not isinstance(sources, dict) or sorted(sources) != sorted(modules):
+    sources, extensions = built.get("sources"), built.get("extensions")
+    if built.get("modules") != list(modules) or not isinstance(sources, dict) \
+            or not isinstance(extensions, dict):
         return "built for another list of modules (bin/compile rebuilds it)"
-    changed = [m for m, digest in digests(modules, root).items() if sources.get(m) != digest]
+    own = [str(source_path(m, root).relative_to(root)) for m in modules]
+    changed = [name for name in own if name not in sources]
+    changed += [name for name, digest in sources.items() if _digest(root / name) != digest]
     if changed:
         return f"out of date: {len(changed)} source(s) changed since the build, {changed[0]} first " \
                "(bin/compile rebuilds it)"
-    missing = [m for m in modules if not extension_path(m, root).exists()]
-    if missing:
-        return f"incomplete: no extension for {missing[0]} (bin/compile rebuilds it)"
+    wanted = [*(extension_path(m, root) for m in modules), shared_library_path(root)]
+    moved = [p.name for p in wanted if extensions.get(str(p.relative_to(root))) != _stat(p) or not _stat(p)]
+    if moved:
+        return f"incomplete: {moved[0]} is missing or not the one built (bin/compile rebuilds it)"
     return None
 
 
@@ -146,6 +216,23 @@ class _SourceOnly:
         return importlib.util.spec_from_file_location(fullname, source)
 
 
+class _SharedLibrary:
+    """A meta path finder for the build's shared library, by its path: the stubs import it
+    by name, and `sys.path` could hold another checkout's (the venv's `.pth`, the working
+    directory)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._name = path.name.partition(".")[0]
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != self._name:
+            return None
+        return importlib.util.spec_from_file_location(fullname, self._path)
+
+
 def choose(env: Mapping[str, str] = os.environ) -> None:
     """Use the compiled modules if they are built for these sources, else their `.py` (once)."""
     global _status, _active
@@ -157,6 +244,7 @@ def choose(env: Mapping[str, str] = os.environ) -> None:
         reason = stale()
     if reason is None:
         _status, _active = "in use", True
+        sys.meta_path.insert(0, _SharedLibrary(shared_library_path()))
         return
     _status = reason
     sys.meta_path.insert(0, _SourceOnly(__name__.partition(".")[0]))
@@ -172,7 +260,17 @@ def active() -> bool:
 
 
 def build(jobs: int = 2) -> None:
-    """Compile `MODULES` in place and write `MANIFEST` (module docstring). Raises on failure."""
+    """Compile `MODULES` in place and write `MANIFEST` (module docstring). Raises on failure.
+    One build at a time per checkout (a lock file): a second waits, then builds again."""
+    import fcntl  # build-time only, like the imports below
+
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    with open(BUILD_DIR / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _build(jobs)
+
+
+def _build(jobs: int) -> None:
     MANIFEST.unlink(missing_ok=True)
     # Every extension in the package, not only those of `MODULES`: one left by a build of a
     # longer list would still be imported before its source.
@@ -182,7 +280,8 @@ def build(jobs: int = 2) -> None:
     from mypyc.build import mypycify
     from setuptools import Distribution
 
-    sources = digests(MODULES)
+    inputs = dependencies(MODULES)
+    before = manifest_of(MODULES, inputs)["sources"]
     previous = Path.cwd()
     os.chdir(ROOT)  # mypyc names each module from its path, relative to here
     try:
@@ -199,9 +298,10 @@ def build(jobs: int = 2) -> None:
         dist.run_command("build_ext")
     finally:
         os.chdir(previous)
-    if digests(MODULES) != sources:
+    made = manifest_of(MODULES, inputs)
+    if made["sources"] != before:
         raise RuntimeError("a source changed while it was being compiled: run bin/compile again")
-    MANIFEST.write_text(json.dumps({"interpreter": interpreter(), "sources": sources}, indent=1) + "\n")
+    MANIFEST.write_text(json.dumps(made, indent=1) + "\n")
 
 
 def main(argv: Sequence[str]) -> int:

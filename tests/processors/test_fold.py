@@ -19,9 +19,11 @@ from tests.processors.fold_scenarios import (
     user,
 )
 from torpor.processors.fold import builtins as b
+from torpor.processors.fold.calls import MAX_SLEEP_SECONDS
 from torpor.processors.fold.history import chain
 from torpor.processors.fold.state import GENESIS_HEAD, Facts, Status
 from torpor.processors.fold.transitions import BODY_TYPES, TRANSITIONS, fold, park_on_failure
+from torpor.schemas.codec import decode_value, encode_value
 from torpor.schemas.records import (
     INJECTED_TOOL,
     ApprovalDecision,
@@ -29,6 +31,7 @@ from torpor.schemas.records import (
     AssistantEntry,
     ChildReport,
     CompletionError,
+    Dispatch,
     EventEntry,
     Input,
     ParentLink,
@@ -480,6 +483,22 @@ def test_sleep_dispatches_to_the_timer_and_timer_fired_answers_it() -> None:
     assert world.send("t", fired, message_id="tm1").disposition == "applied"
     assert results(world)[-1].content[0].text == b.slept(30)  # type: ignore[union-attr]
     assert world.send("t", fired, message_id="tm2").disposition == "duplicate"
+
+
+def test_a_sleep_past_what_a_timer_can_carry_is_refused_like_a_bad_argument() -> None:
+    """A timer's due time travels as an Avro long (ms). `1e300` seconds made a dispatch no
+    codec could write (outside the step's per-input protection) and 400 digits parked the
+    thread (review of 6616c8e); the longest sleep allowed still makes a dispatch that encodes."""
+    world = started()
+    with_call(world, ("z1", "sleep", {"seconds": 1e300}), ("z2", "sleep", {"seconds": 10**400}),
+              ("z3", "sleep", {"seconds": MAX_SLEEP_SECONDS}))
+    refused = [r for r in results(world) if r.call_id in ("z1", "z2")]
+    assert [r.origin for r in refused] == ["error", "error"]
+    assert all("seconds is too large" in r.content[0].text for r in refused)  # type: ignore[union-attr]
+    longest = world.dispatch_for("t", "z3")
+    assert json.loads(longest.arguments)["due_at"] == world.clock + MAX_SLEEP_SECONDS * 1000
+    assert decode_value(encode_value(longest), Dispatch) == longest
+    assert world.state("t").status is Status.AWAITING_TOOLS
 
 
 def test_sleep_until_parses_iso_times_and_refuses_nonsense() -> None:

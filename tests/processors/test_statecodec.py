@@ -137,7 +137,6 @@ def test_a_history_row_framed_from_the_folds_bytes_is_the_row_encoded_afresh() -
         assert entry_canonical(encode_entry(entry)) == canonical
 
 
-@pytest.mark.pure_only  # replaces a global of statecodec: compiled, it reads its own
 def test_a_history_row_of_another_schema_is_chained_over_its_entry_encoded_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -203,7 +203,12 @@ def _sleep(draft: Draft, call: ToolCall, args: dict[str, object]) -> CallOutcome
     if call.name == b.SLEEP:
         seconds = args["seconds"]
         assert isinstance(seconds, int | float)  # the schema guarantees a number
-        due_at = draft.now + round(float(seconds) * 1000)
+        later = _due_after(draft.now, seconds)
+        if later is None:
+            why = b.invalid_arguments(call.name, f"seconds is too large (at most {MAX_SLEEP_SECONDS})")
+            answer(draft, call, why, ok=False, origin="error")
+            return CallOutcome.REFUSED
+        due_at = later
     else:
         due = parse_time(str(args["time"]))
         if due is None:
@@ -217,6 +222,22 @@ def _sleep(draft: Draft, call: ToolCall, args: dict[str, object]) -> CallOutcome
                    request_id, deadline=due_at)
     draft.emit("tool_dispatched", data={"call_id": call.call_id, "tool": b.TIMER_TOOL, "due_at": due_at})
     return CallOutcome.PENDING
+
+
+LONG_MAX: Final = (1 << 63) - 1
+MAX_SLEEP_SECONDS: Final = 10**15
+"""About 31.7 million years: the most a `sleep` may ask for. A timer's due time travels as an
+Avro long (ms): a model's `{"seconds": 1e300}` made a dispatch that could not be encoded
+(outside the step's per-input protection: `outputs.step_records`), and a `seconds` of 400
+digits parked the thread (float overflow). Now such a call is refused like a bad argument."""
+
+
+def _due_after(now: int, seconds: int | float) -> int | None:
+    """`now` plus `seconds` in ms, as the fold always computed it, or None past `MAX_SLEEP_SECONDS`."""
+    if not 0 <= seconds <= MAX_SLEEP_SECONDS:  # an int too large for a float, inf, nan: all refused
+        return None
+    due = now + round(float(seconds) * 1000)
+    return due if due <= LONG_MAX else None
 
 
 def parse_time(value: str) -> int | None:

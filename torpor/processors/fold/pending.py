@@ -195,7 +195,10 @@ def is_past_threshold(state: ThreadState) -> bool:
     if state.compaction is not None or (link is not None and link.kind == COMPACTION):
         return False
     window = state.config.context_window
-    return window > 0 and state.last_total_tokens > state.config.compaction_threshold * window
+    # Compared as floats, said outright: compiled (torpor.native), an int against a float is
+    # compared as two floats, in Python exactly, and the two differ past 2**53 tokens (review
+    # of 6616c8e). A replay must decide what the live run decided, compiled or not.
+    return window > 0 and float(state.last_total_tokens) > state.config.compaction_threshold * window
 
 
 def start_compaction(draft: Draft) -> None:
