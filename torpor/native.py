@@ -83,7 +83,8 @@ GROUP: Final = "torpor_core"  # the shared library: `torpor_core__mypyc.<suffix>
 BUILD_DIR: Final = ROOT / ".torpor" / "compiled"  # mypyc's C sources and the objects
 _SUFFIX: Final = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so
 
-_status = "not chosen yet"
+_UNCHOSEN: Final = "not chosen yet"
+_status = _UNCHOSEN
 _active = False
 
 
@@ -190,7 +191,8 @@ def stale(manifest: Path = MANIFEST, modules: Sequence[str] = MODULES, root: Pat
         return f"out of date: {len(changed)} source(s) changed since the build, {changed[0]} first " \
                "(bin/compile rebuilds it)"
     wanted = [*(extension_path(m, root) for m in modules), shared_library_path(root)]
-    moved = [p.name for p in wanted if extensions.get(str(p.relative_to(root))) != _stat(p) or not _stat(p)]
+    now = {p: _stat(p) for p in wanted}
+    moved = [p.name for p in wanted if not now[p] or extensions.get(str(p.relative_to(root))) != now[p]]
     if moved:
         return f"incomplete: {moved[0]} is missing or not the one built (bin/compile rebuilds it)"
     return None
@@ -236,7 +238,7 @@ class _SharedLibrary:
 def choose(env: Mapping[str, str] = os.environ) -> None:
     """Use the compiled modules if they are built for these sources, else their `.py` (once)."""
     global _status, _active
-    if any(isinstance(finder, _SourceOnly) for finder in sys.meta_path) or _active:
+    if _status != _UNCHOSEN:
         return
     if env.get(PURE_ENV, "") not in ("", "0"):
         reason: str | None = f"off ({PURE_ENV}={env[PURE_ENV]})"

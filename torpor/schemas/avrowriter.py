@@ -26,8 +26,8 @@ from typing import Final
 Parts = list[bytes]
 _Write = Callable[[Parts, object], None]
 
-_LONG_MIN: Final = -(1 << 63)
-_LONG_MAX: Final = (1 << 63) - 1
+LONG_MIN: Final = -(1 << 63)
+LONG_MAX: Final = (1 << 63) - 1  # an Avro long's range (fold.calls bounds a timer by it)
 _SMALL: Final = tuple(bytes((n,)) for n in range(128))  # a varint below 128 is one byte
 _TRUE: Final = b"\x01"
 _FALSE: Final = b"\x00"
@@ -41,7 +41,7 @@ class NotWritable(Exception):
 
 def long_bytes(value: int) -> bytes:
     """An Avro `long`: zig-zag, then a little-endian base-128 varint."""
-    if not _LONG_MIN <= value <= _LONG_MAX:
+    if not LONG_MIN <= value <= LONG_MAX:
         raise NotWritable("long out of range")
     n = (value << 1) ^ (value >> 63)
     if n < 128:

@@ -22,6 +22,7 @@ from torpor.processors.fold import builtins as b
 from torpor.processors.fold.children import CHILD, child_config, is_root
 from torpor.processors.fold.draft import Draft, json_text, text
 from torpor.processors.fold.state import CallKind, ChildRef, PendingCall, with_answered
+from torpor.schemas.avrowriter import LONG_MAX
 from torpor.schemas.errors import InvalidSchemaError, JsonTextError, SchemaViolation
 from torpor.schemas.jsontext import compile_schema, parse_json
 from torpor.schemas.records import (
@@ -224,7 +225,6 @@ def _sleep(draft: Draft, call: ToolCall, args: dict[str, object]) -> CallOutcome
     return CallOutcome.PENDING
 
 
-LONG_MAX: Final = (1 << 63) - 1
 MAX_SLEEP_SECONDS: Final = 10**15
 """About 31.7 million years: the most a `sleep` may ask for. A timer's due time travels as an
 Avro long (ms): a model's `{"seconds": 1e300}` made a dispatch that could not be encoded
