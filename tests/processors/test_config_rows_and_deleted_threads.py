@@ -115,8 +115,8 @@ def test_replay_of_a_store_last_written_before_the_config_row_compares_equal() -
 
 def test_replay_compares_the_seen_rows_a_deleted_thread_keeps() -> None:
     """83cddbf makes a deleted thread's seen rows load-bearing (they decide whether a copy of
-    its creation is a duplicate or creates it again), but `replay.thread_ids` lists only
-    threads with a state row: a deleted thread is never compared. A live store written before
+    its creation is a duplicate or creates it again), but a list of the threads with a state
+    row would never compare a deleted thread. A live store written before
     83cddbf (deleted threads forgot their seen rows) and its replay differ in what a captured
     creation does, and `compare` says nothing."""
     creation = _in("m1", 5, create(config()))

@@ -11,6 +11,7 @@ from tests.processors.test_step import Feed, envelope
 from torpor.processors.metrics import ProcessorMetrics, provider_of
 from torpor.processors.observing import CommittedWork
 from torpor.processors.step import step
+from torpor.processors.store import keys
 from torpor.processors.store.kv import RocksStore
 
 
@@ -45,11 +46,21 @@ def test_committed_work_is_counted_by_disposition_and_the_parked_gauge_follows_t
 
 
 def test_a_restarted_partition_finds_its_parked_threads_in_the_store(tmp_path: Path) -> None:
+    """Four threads with histories are parked; then one is deleted (its seen rows stay) and
+    two unparked, one of them named "parked" (its state row holds the word: read, decoded,
+    not counted). The gauge counts the one still parked."""
     store, feed = RocksStore(tmp_path / "partition-0"), Feed()
-    step(store, feed(envelope("m-create", create())))
-    step(store, feed(envelope("m-park", control("park", reason="look"), source="operator:o")))
+    operator = "operator:o"
+    for thread in ("still", "deleted", "unparked", "parked"):
+        step(store, feed(envelope(f"{thread}-create", create(), thread)))
+        step(store, feed(envelope(f"{thread}-park", control("park", reason="look"), thread, operator)))
+    step(store, feed(envelope("deleted-delete", control("delete", reason="gone"), "deleted", operator),
+                     envelope("unparked-unpark", control("unpark"), "unparked", operator),
+                     envelope("parked-unpark", control("unpark"), "parked", operator)))
+    named = store.get(keys.state_key("parked"))
+    assert named is not None and b'"parked"' in named  # the word is there: the gauge must decode
     metrics = ProcessorMetrics()
-    metrics.partition_started(0, store, 2)
+    metrics.partition_started(0, store, 9)
     assert _value(metrics, "torpor_parked_threads") == 1
     store.close()
 

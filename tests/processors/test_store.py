@@ -17,7 +17,7 @@ from torpor.processors.fold.state import GENESIS_HEAD
 from torpor.processors.store import keys, kv
 from torpor.processors.store.kv import Change, MemoryStore, Overlay, RocksStore, RowCache, Store, StoreOffsets
 from torpor.processors.store.statecodec import encode_entry
-from torpor.processors.store.tables import POINT_READS_UP_TO, _read_chained
+from torpor.processors.store.tables import POINT_READS_UP_TO, _read_chained, thread_states
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 
 StoreFactory = Callable[[], Store]
@@ -79,6 +79,34 @@ def test_thread_t1_never_sees_rows_of_t10(store_factory: StoreFactory) -> None:
     store.put(keys.state_key("t10"), b"s")
     assert list(store.iterate(keys.thread_prefix("t1"))) == []
     assert len(list(store.iterate(keys.thread_prefix("t10")))) == 2
+
+
+# A thread's rows: any of its kinds, the state row or not (a deleted thread keeps its seen
+# rows), with ids of any length and any characters (their UTF-8 may end in bytes a
+# successor key must carry over).
+_THREAD_ROWS = st.dictionaries(
+    st.text(min_size=1, max_size=6),
+    st.tuples(st.booleans(), st.integers(0, 40), st.lists(st.binary(max_size=3), max_size=3)),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(threads=_THREAD_ROWS)
+def test_thread_states_lists_exactly_the_threads_with_a_state_row_in_key_order(
+        store_factory: StoreFactory, threads: dict[str, tuple[bool, int, list[bytes]]]) -> None:
+    store = store_factory()
+    rows: list[Change] = [(keys.awaiting_model_key("w"), b"request"), (keys.meta_key(b"m"), b"meta")]
+    expected = []
+    for thread_id, (has_state, history, seen) in threads.items():
+        if has_state:
+            rows.append((keys.state_key(thread_id), f"state of {thread_id}".encode()))
+            expected.append((keys.thread_prefix(thread_id), thread_id, f"state of {thread_id}".encode()))
+        rows.append((keys.config_key(thread_id), b"{}"))
+        rows += [(keys.history_key(thread_id, seq), b"entry") for seq in range(history)]
+        rows += [(keys.seen_key(thread_id, message_id.hex()), b"") for message_id in seen]
+    store.apply(rows)
+    assert list(thread_states(store)) == [(t, raw) for _, t, raw in sorted(expected)]
 
 
 def test_apply_writes_a_batch_and_its_offsets(store_factory: StoreFactory) -> None:

@@ -52,12 +52,12 @@ from prometheus_client.registry import Collector
 from torpor.processors.fold.state import Status
 from torpor.processors.models.providers.registry import Backend
 from torpor.processors.observing import CommittedWork
-from torpor.processors.replay import thread_ids
 from torpor.processors.store.kv import RocksStore, Store
-from torpor.processors.store.tables import load_state
+from torpor.processors.store.tables import load_state, thread_states
 from torpor.schemas.records import Completion
 
 # Events after which a thread's parked-or-not is read again from its committed state.
+_PARKED_TEXT: Final = b'"' + Status.PARKED.value.encode() + b'"'
 _PARK_KINDS: Final = frozenset({"parked", "unparked", "stopped", "resumed", "deleted", "closed"})
 _COMMIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A completion takes from a few ms (scripted) to minutes (a long answer with retries).
@@ -139,8 +139,10 @@ class ProcessorMetrics:
     # --- the partitions ------------------------------------------------------------------
 
     def partition_started(self, partition: int, store: RocksStore, input_offset: int | None) -> None:
-        # Once per assignment: read every thread's state for the parked gauge.
-        parked = {t for t in thread_ids(store) if _is_parked(store, t)}
+        # Once per assignment, the parked gauge: every thread's state row, one seek each
+        # (`thread_states`); only a row that has the word is decoded (a parked thread's
+        # row says `"status":"parked"`; a word inside a JSON string could too, so decode).
+        parked = {t for t, raw in thread_states(store) if _PARKED_TEXT in raw and _is_parked(store, t)}
         high = self.watermark(partition)
         with self._lock:
             self._owned[partition] = _Owned(store.path, input_offset, parked, high=high)

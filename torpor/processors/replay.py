@@ -303,16 +303,6 @@ def _thread_of(key: bytes) -> tuple[str, bytes] | None:
     return None if size == 0 else (key[4:4 + size].decode("utf-8"), key[4 + size:])
 
 
-def _state_thread(key: bytes) -> str | None:
-    found = _thread_of(key)
-    return found[0] if found is not None and found[1] == keys.STATE else None
-
-
-def thread_ids(store: Store) -> list[str]:
-    """Every thread with a state row in `store`, in key order."""
-    return [t for t in (_state_thread(k) for k, _ in store.iterate(b"")) if t is not None]
-
-
 def thread_head(store: Store, thread_id: str) -> ThreadHead | None:
     """The thread's recorded and recomputed heads, or None when it has no state row."""
     state = load_state(store, thread_id)

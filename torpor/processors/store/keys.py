@@ -60,6 +60,16 @@ def thread_prefix(thread_id: str) -> bytes:
     return _LEN.pack(len(raw)) + raw
 
 
+def thread_prefix_of(key: bytes) -> bytes:
+    """The `len|thread` prefix a thread row's key starts with."""
+    return key[: _LEN.size + _LEN.unpack_from(key)[0]]
+
+
+def thread_of_prefix(prefix: bytes) -> str:
+    """The thread id a `thread_prefix` names."""
+    return prefix[_LEN.size :].decode("utf-8")
+
+
 def state_key(thread_id: str) -> bytes:
     return thread_prefix(thread_id) + STATE
 

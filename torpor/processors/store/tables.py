@@ -159,6 +159,24 @@ def _from_latest_summary(entries: tuple[HistoryEntry, ...]) -> tuple[HistoryEntr
     return (latest, *(e for e in entries if not isinstance(e.body, SummaryEntry) and e.seq >= cut))
 
 
+def thread_states(store: Store) -> Iterator[tuple[str, bytes]]:
+    """Each thread with a state row and that row's bytes, in key order.
+
+    One seek per thread: its other rows (a history of any length, its seen rows) are
+    skipped, never read, so a scan of all threads costs what the threads do, not what
+    their histories do (a thread deleted keeps its seen rows and has no state row)."""
+    start = keys.prefix_end(keys.GLOBAL_PREFIX)
+    while start is not None:
+        first = next(store.iterate(b"", start), None)
+        if first is None:
+            return
+        prefix = keys.thread_prefix_of(first[0])
+        raw = store.get(prefix + keys.STATE)
+        if raw is not None:
+            yield keys.thread_of_prefix(prefix), raw
+        start = keys.prefix_end(prefix)
+
+
 def awaiting_requests(store: Store) -> Iterator[RequestCompletion]:
     """The completion requests of threads still `awaiting_model` (re-issued after a restart)."""
     for _, raw in store.iterate(keys.awaiting_model_prefix()):
