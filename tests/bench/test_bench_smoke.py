@@ -62,6 +62,14 @@ def test_local_benchmark_runs_the_workload_and_writes_its_csvs(tmp_path: Path) -
     assert "completions/s" in done.stdout
 
 
+def test_parked_benchmark_counts_exactly_the_threads_it_parked() -> None:
+    args = [sys.executable, "-m", "bench.parked", "--threads", "200", "--turns", "2", "--park", "7"]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "threads 200, entries each 4, parked 29: partition_started" in done.stdout  # 0, 7, ..., 196
+
+
 @pytest.mark.kafka
 def test_kafka_benchmark_runs_the_workload_and_the_passthrough(kafka_bootstrap: str, tmp_path: Path) -> None:
     done = _run("bench.kafka", tmp_path, "--bootstrap", kafka_bootstrap, "--partitions", "2")
