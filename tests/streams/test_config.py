@@ -182,6 +182,7 @@ def test_sections_of_other_packages_in_the_file_are_left_alone(tmp_path: Path) -
         ({"TORPOR_WRITE_BUFFER_MIB": "-8"}, "set TORPOR_WRITE_BUFFER_MIB"),
         ({"TORPOR_ROW_CACHE_MIB": str(1 << 40)}, "set TORPOR_ROW_CACHE_MIB"),
         ({"TORPOR_HISTORY_CACHE_ENTRIES": "many"}, "is not a whole number"),
+        ({"TORPOR_CONSUMER_PREFETCH_MIB": "4096"}, "set TORPOR_CONSUMER_PREFETCH_MIB"),
     ],
 )
 def test_a_bad_variable_is_refused_with_what_to_fix(env: dict[str, str], expected: str) -> None:
@@ -356,6 +357,21 @@ def test_no_client_re_bootstraps_unless_told_to() -> None:
     assert producer_config(told)["metadata.recovery.strategy"] == "rebootstrap"
 
 
+def test_every_consumer_prefetches_within_the_memory_section_and_an_override_still_wins() -> None:
+    assert consumer_config(Settings(), "g")["queued.max.messages.kbytes"] == 16 * 1024
+    small = Settings(memory=MemorySettings(consumer_prefetch_mib=2))
+    assert consumer_config(small, "g", instance_id="i")["queued.max.messages.kbytes"] == 2048
+    assert "queued.max.messages.kbytes" not in producer_config(small, transactional_id="t")
+    override = Settings(kafka=KafkaSettings(librdkafka_overrides=(("queued.max.messages.kbytes", "1024"),)))
+    assert consumer_config(override, "g")["queued.max.messages.kbytes"] == "1024"
+    for bad in (0, 2048):
+        with pytest.raises(ConfigError, match="consumer_prefetch_mib must be between 1 and 2047"):
+            MemorySettings(consumer_prefetch_mib=bad)
+    # librdkafka takes the largest allowed (and the smallest) when a client is built.
+    for mib in (1, 2047):
+        Consumer(consumer_config(Settings(memory=MemorySettings(consumer_prefetch_mib=mib)), "g")).close()
+
+
 def test_librdkafka_accepts_every_dict_it_is_given() -> None:
     # librdkafka validates a configuration when a client is built, before it connects,
     # so this needs no broker: a misspelt property or value fails here.
@@ -369,7 +385,7 @@ def test_librdkafka_accepts_every_dict_it_is_given() -> None:
 
 def test_the_caches_are_bounded_by_the_memory_section_and_its_variables(tmp_path: Path) -> None:
     defaults = load_settings({}, None).memory
-    assert defaults == MemorySettings(64, 16, 32, 49_152)
+    assert defaults == MemorySettings(64, 16, 32, 49_152, 16)
     # The same defaults where no settings are read (local mode, the stores' own).
     in_mib = (defaults.block_cache_mib, defaults.row_cache_mib, defaults.write_buffer_mib)
     in_bytes = (kv.BLOCK_CACHE_BYTES, kv.ROW_CACHE_BYTES, kv.WRITE_BUFFER_BYTES)
@@ -377,6 +393,7 @@ def test_the_caches_are_bounded_by_the_memory_section_and_its_variables(tmp_path
     assert defaults.history_cache_entries == StageConfig().history_cache_entries
     file = tmp_path / "torpor.toml"
     file.write_text("[memory]\nblock_cache_mib = 16\nrow_cache_mib = 0\nhistory_cache_entries = 1000\n")
-    both = load_settings({"TORPOR_WRITE_BUFFER_MIB": "2", "TORPOR_BLOCK_CACHE_MIB": "32"}, file)
+    both = load_settings({"TORPOR_WRITE_BUFFER_MIB": "2", "TORPOR_BLOCK_CACHE_MIB": "32",
+                          "TORPOR_CONSUMER_PREFETCH_MIB": "4"}, file)
     assert both.memory == MemorySettings(block_cache_mib=32, row_cache_mib=0, write_buffer_mib=2,
-                                         history_cache_entries=1000)
+                                         history_cache_entries=1000, consumer_prefetch_mib=4)

@@ -332,21 +332,31 @@ class MemorySettings:
     completion (~1 KB each). So the caches hold at most block + rows + write buffers +
     entries x ~1 KB: 64 + 16 + 32 + 48 = 160 MiB with the defaults, for one partition or
     sixty; each can be lowered, at the cost of reads.
+
+    `consumer_prefetch_mib`: what each consumer may hold fetched and not yet read
+    (librdkafka's `queued.max.messages.kbytes`, whose own default is 64 MiB; it also caps
+    a fetch). A processor has two consumers, its inputs' and its changelog's (restore),
+    so 2 x 16 = 32 MiB with the default. 16 MiB holds seconds of inputs at the rates this
+    runtime reaches, so the fetcher never waits on it while the loop keeps up.
     """
 
     block_cache_mib: int = 64
     row_cache_mib: int = 16
     write_buffer_mib: int = 32
     history_cache_entries: int = 49_152
+    consumer_prefetch_mib: int = 16
 
     def __post_init__(self) -> None:
-        for name, env, least in (("block_cache_mib", "TORPOR_BLOCK_CACHE_MIB", 1),
-                                 ("row_cache_mib", "TORPOR_ROW_CACHE_MIB", 0),
-                                 ("write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", 1),
-                                 ("history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", 0)):
+        for name, env, least, most in (
+                ("block_cache_mib", "TORPOR_BLOCK_CACHE_MIB", 1, 1 << 20),
+                ("row_cache_mib", "TORPOR_ROW_CACHE_MIB", 0, 1 << 20),
+                ("write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", 1, 1 << 20),
+                ("history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", 0, 1 << 20),
+                # librdkafka takes at most 2,097,151 KiB
+                ("consumer_prefetch_mib", "TORPOR_CONSUMER_PREFETCH_MIB", 1, 2047)):
             value = getattr(self, name)
-            if not least <= value <= 1 << 20:
-                raise ConfigError(f"{name} must be between {least} and {1 << 20}, not {value}: "
+            if not least <= value <= most:
+                raise ConfigError(f"{name} must be between {least} and {most}, not {value}: "
                                   f"{_where(env, 'memory', name)}")
 
 
@@ -395,6 +405,7 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key("memory", "row_cache_mib", "TORPOR_ROW_CACHE_MIB", int),
     _Key("memory", "write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", int),
     _Key("memory", "history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", int),
+    _Key("memory", "consumer_prefetch_mib", "TORPOR_CONSUMER_PREFETCH_MIB", int),
 )
 _OVERRIDES_TABLE: Final = "librdkafka"  # [kafka.librdkafka]: free-form librdkafka properties
 _SECTIONS: Final = frozenset(k.section for k in _KEYS)
@@ -632,6 +643,9 @@ def consumer_config(settings: Settings, group_id: str, *, instance_id: str | Non
     conf["enable.auto.offset.store"] = False
     conf["partition.assignment.strategy"] = "cooperative-sticky"
     conf["auto.offset.reset"] = "earliest"
+    # Bounded by `[memory]` (librdkafka's own default is 64 MiB per consumer); librdkafka
+    # caps `fetch.max.bytes` by it unless that is set too.
+    conf["queued.max.messages.kbytes"] = settings.memory.consumer_prefetch_mib * 1024
     role = f"consumer-{group_id}"
     if instance_id is not None:
         if not instance_id.strip():
