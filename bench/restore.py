@@ -48,6 +48,7 @@ from torpor.schemas.records import (
     Usage,
     UserMessage,
 )
+from torpor.streams.config import consumer_config, load_settings
 from torpor.streams.deadline import Deadline
 from torpor.streams.partitioner import partition_for
 from torpor.streams.restore import restore_partitions
@@ -156,8 +157,10 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="torpor-restore-"))
     try:
         records, size = produce_changes(servers, topic, generated.changes)
-        consumer = Consumer({"bootstrap.servers": servers, "group.id": f"bench-restore-{uuid.uuid4().hex}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False})
+        # The processor's consumer settings (`consumer_config`: read_committed, the
+        # `[memory]` prefetch bound, TORPOR_* variables applied), as its restore has them.
+        settings = load_settings({**os.environ, "TORPOR_BOOTSTRAP": servers}, None)
+        consumer = Consumer(consumer_config(settings, f"bench-restore-{uuid.uuid4().hex}"))
         targets = {p: RocksTarget(scratch / f"partition-{p}") for p in range(args.partitions)}
         begin = time.perf_counter()
         results = restore_partitions(consumer, topic, targets, Deadline.after(600))
