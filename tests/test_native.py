@@ -141,3 +141,21 @@ def test_the_core_is_all_compiled_when_the_build_is_fresh_and_all_source_otherwi
         assert suffixes == {".so"} and status == "in use"
     else:
         assert suffixes == {".py"} and status == reason
+
+
+def test_a_machine_without_a_compiler_or_headers_is_told_so_before_mypyc_runs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sysconfig
+
+    assert native.toolchain_problem() is None  # this machine builds the core (CI installs gcc)
+    monkeypatch.setattr(sysconfig, "get_config_var",
+                        lambda name: "no-such-cc -pthread" if name == "CC" else None)
+    assert native.toolchain_problem() == "no C compiler: 'no-such-cc' (this Python's CC) is not on PATH"
+    had_manifest = native.MANIFEST.exists()
+    with pytest.raises(RuntimeError, match="cannot compile the core: no C compiler"):
+        native._build(1)
+    assert native.MANIFEST.exists() == had_manifest  # the build in place, if any, left alone
+    monkeypatch.undo()
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    missing = tmp_path / "Python.h"
+    assert native.toolchain_problem() == f"no Python headers: {missing} is missing (python3-dev)"

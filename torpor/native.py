@@ -272,7 +272,29 @@ def build(jobs: int = 2) -> None:
         _build(jobs)
 
 
+def toolchain_problem() -> str | None:
+    """Why this machine cannot compile the core (no C compiler, no Python headers), or None.
+
+    Checked before mypyc runs: its type check of the sources takes most of a minute, and on
+    a machine without a compiler `bin/venv` would pay that at every run only to fail at
+    the first C file."""
+    import shlex
+    import shutil
+    import sysconfig
+
+    compiler = shlex.split(str(sysconfig.get_config_var("CC") or "cc"))[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler: {compiler!r} (this Python's CC) is not on PATH"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():
+        return f"no Python headers: {headers} is missing (python3-dev)"
+    return None
+
+
 def _build(jobs: int) -> None:
+    problem = toolchain_problem()
+    if problem is not None:
+        raise RuntimeError(f"cannot compile the core: {problem}")
     MANIFEST.unlink(missing_ok=True)
     # Every extension in the package, not only those of `MODULES`: one left by a build of a
     # longer list would still be imported before its source.
