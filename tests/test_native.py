@@ -147,15 +147,29 @@ def test_a_machine_without_a_compiler_or_headers_is_told_so_before_mypyc_runs(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import sysconfig
 
-    assert native.toolchain_problem() is None  # this machine builds the core (CI installs gcc)
-    monkeypatch.setattr(sysconfig, "get_config_var",
-                        lambda name: "no-such-cc -pthread" if name == "CC" else None)
-    assert native.toolchain_problem() == "no C compiler: 'no-such-cc' (this Python's CC) is not on PATH"
-    had_manifest = native.MANIFEST.exists()
-    with pytest.raises(RuntimeError, match="cannot compile the core: no C compiler"):
-        native._build(1)
-    assert native.MANIFEST.exists() == had_manifest  # the build in place, if any, left alone
-    monkeypatch.undo()
-    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
-    missing = tmp_path / "Python.h"
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "Python.h").write_text("")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(include)})
+    recorded = {"CC": "no-such-cc -pthread"}
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: recorded.get(name))
+    monkeypatch.delenv("CC", raising=False)
+    no_compiler = "no C compiler: 'no-such-cc' ($CC, or this Python's CC) is not on PATH"
+    assert native.toolchain_problem() == no_compiler
+    # $CC wins over the recorded one, as in setuptools (any program on PATH stands in here).
+    monkeypatch.setenv("CC", f"{sys.executable} -O2")
+    assert native.toolchain_problem() is None
+    (include / "Python.h").unlink()
+    missing = include / "Python.h"
     assert native.toolchain_problem() == f"no Python headers: {missing} is missing (python3-dev)"
+    # The build stops there, before it removes anything: a checkout of its own shows it.
+    root = tmp_path / "checkout"
+    stub = root / "torpor" / f"kept{native._SUFFIX}"
+    stub.parent.mkdir(parents=True)
+    stub.write_bytes(b"an earlier build")
+    monkeypatch.setattr(native, "ROOT", root)
+    monkeypatch.setattr(native, "MANIFEST", root / "torpor" / ".compiled.json")
+    native.MANIFEST.write_text("{}")
+    with pytest.raises(RuntimeError, match="cannot compile the core: no Python headers"):
+        native._build(1)
+    assert stub.exists() and native.MANIFEST.exists()

@@ -282,9 +282,11 @@ def toolchain_problem() -> str | None:
     import shutil
     import sysconfig
 
-    compiler = shlex.split(str(sysconfig.get_config_var("CC") or "cc"))[0]
+    # setuptools compiles with $CC when it is set, else with the CC this Python was built with.
+    chosen = os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc")
+    compiler = (shlex.split(chosen) or ["cc"])[0]
     if shutil.which(compiler) is None:
-        return f"no C compiler: {compiler!r} (this Python's CC) is not on PATH"
+        return f"no C compiler: {compiler!r} ($CC, or this Python's CC) is not on PATH"
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not headers.is_file():
         return f"no Python headers: {headers} is missing (python3-dev)"

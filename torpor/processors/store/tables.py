@@ -162,9 +162,11 @@ def _from_latest_summary(entries: tuple[HistoryEntry, ...]) -> tuple[HistoryEntr
 def thread_states(store: Store) -> Iterator[tuple[str, bytes]]:
     """Each thread with a state row and that row's bytes, in key order.
 
-    One seek per thread: its other rows (a history of any length, its seen rows) are
-    skipped, never read, so a scan of all threads costs what the threads do, not what
-    their histories do (a thread deleted keeps its seen rows and has no state row)."""
+    On a `RocksStore`, one seek per thread: its other rows (a history of any length, its
+    seen rows) are skipped, never read, so a scan of all threads costs what the threads
+    do, not what their histories do (a thread deleted keeps its seen rows and has no
+    state row). A `MemoryStore` or an `Overlay` copies the rest of its key range at each
+    `iterate`, so there it is quadratic: fine for tests, not for a large store."""
     start = keys.prefix_end(keys.GLOBAL_PREFIX)
     while start is not None:
         first = next(store.iterate(b"", start), None)
