@@ -56,8 +56,10 @@ from torpor.processors.store.kv import RocksStore, Store
 from torpor.processors.store.tables import load_state, thread_states
 from torpor.schemas.records import Completion
 
-# Events after which a thread's parked-or-not is read again from its committed state.
+# What a parked thread's state row holds (`"status":"parked"`): the scan decodes only rows
+# that have it.
 _PARKED_TEXT: Final = b'"' + Status.PARKED.value.encode() + b'"'
+# Events after which a thread's parked-or-not is read again from its committed state.
 _PARK_KINDS: Final = frozenset({"parked", "unparked", "stopped", "resumed", "deleted", "closed"})
 _COMMIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A completion takes from a few ms (scripted) to minutes (a long answer with retries).

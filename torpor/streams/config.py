@@ -336,8 +336,8 @@ class MemorySettings:
     `consumer_prefetch_mib`: what each consumer may hold fetched and not yet read
     (librdkafka's `queued.max.messages.kbytes`, whose own default is 64 MiB; it also caps
     a fetch). A processor has two consumers, its inputs' and its changelog's (restore),
-    so 2 x 16 = 32 MiB with the default. 16 MiB holds seconds of inputs at the rates this
-    runtime reaches, so the fetcher never waits on it while the loop keeps up.
+    so 2 x 16 = 32 MiB with the default: seconds of inputs at the rates this runtime
+    reaches (against 64 MiB it changed neither the rate nor restore, bench/README.md).
     """
 
     block_cache_mib: int = 64
@@ -643,8 +643,7 @@ def consumer_config(settings: Settings, group_id: str, *, instance_id: str | Non
     conf["enable.auto.offset.store"] = False
     conf["partition.assignment.strategy"] = "cooperative-sticky"
     conf["auto.offset.reset"] = "earliest"
-    # Bounded by `[memory]` (librdkafka's own default is 64 MiB per consumer); librdkafka
-    # caps `fetch.max.bytes` by it unless that is set too.
+    # Bounded by `[memory]` (librdkafka's own default is 64 MiB per consumer).
     conf["queued.max.messages.kbytes"] = settings.memory.consumer_prefetch_mib * 1024
     role = f"consumer-{group_id}"
     if instance_id is not None:
