@@ -45,7 +45,7 @@ def main() -> None:
                        Control("park", None, None, "bench"))
                  for i in range(0, args.threads, args.park)] if args.park else []
         offset = len(generated.inputs[0])
-        store.apply(step(store, [StepRecord(p, 0, offset + i) for i, p in enumerate(parks)]).changes)
+        step(store, [StepRecord(p, 0, offset + i) for i, p in enumerate(parks)])  # it writes the store
         store.close()
         store = RocksStore(scratch / "partition-0")
         seconds = []
