@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from torpor.streams.config import TopicSettings
+
 REPO: Final = Path(__file__).resolve().parents[1]
 MODES: Final = ("local", "kafka")
 HEADER: Final = ("run", "completions/s", "CPU us per completion", "RSS slope KiB per idle agent",
@@ -67,7 +69,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", f"bench.{mode}", "--agents", str(args.agents), "--turns",
                str(args.turns), "--wave", str(args.wave), "--out", str(args.out)]
     if mode == "kafka":
-        command += ["--partitions", str(args.partitions), "--workers", str(args.workers)]
+        command += ["--partitions", str(args.partitions)]
+        if args.workers is not None:
+            command += ["--workers", str(args.workers)]
         if args.bootstrap:
             command += ["--bootstrap", args.bootstrap]
     print(f"$ python -m bench.{mode} {' '.join(command[3:])}", flush=True)
@@ -81,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=1_000)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--wave", type=int, default=500)
-    parser.add_argument("--partitions", type=int, default=3, help="Kafka mode's input partitions.")
-    parser.add_argument("--workers", type=int, default=1, help="Kafka mode's processor processes.")
+    parser.add_argument("--partitions", type=int, default=TopicSettings().partitions,
+                        help="Kafka mode's input partitions. Default: the topics' default.")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="Kafka mode's processor processes. Default: bench.kafka's (the processor's).")
     parser.add_argument("--bootstrap", default=None, help="Kafka mode's broker (see bench.kafka).")
     parser.add_argument("--modes", default=",".join(MODES), help="Comma-separated: local, kafka.")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))

@@ -47,6 +47,7 @@ from bench.workload import (
     create_input,
     turn_input,
 )
+from torpor.cli.workers import WORKERS_ENV, default_workers
 from torpor.processors.processor import ProcessorConfig
 from torpor.schemas import signing
 from torpor.schemas.codec import decode_value, encode_value
@@ -91,6 +92,13 @@ def settle(pids: list[int]) -> None:
         if now - last < 0.02:
             return
         last = now
+
+
+def processor_workers(partitions: int) -> int:
+    """How many workers `torpor processor` runs without `--workers` (TORPOR_PROCESSOR_WORKERS, else
+    its default): the bench passes the number on, so that its figures say how many ran."""
+    given = os.environ.get(WORKERS_ENV, "").strip()
+    return int(given) if given else default_workers(partitions)
 
 
 def wait_for_workers(pid: int, workers: int, admin: AdminClient, group: str) -> None:
@@ -403,8 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=10_000)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--wave", type=int, default=500)
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=1, help="`torpor processor --workers`: processes.")
+    # The topics' default (TopicSettings): what a deployment gets, and an even split for 2 or 3 workers.
+    parser.add_argument("--partitions", type=int, default=TopicSettings().partitions)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="`torpor processor --workers`: processes. Default: the processor's "
+                             "(TORPOR_PROCESSOR_WORKERS, else a worker per usable core, at most one "
+                             "per partition).")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--keep", action="store_true", help="Keep the topics and the work directory.")
     parser.add_argument("--signed", action="store_true",
@@ -413,11 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.agents, args.turns, args.wave, args.partitions) < 1:
         parser.error("--agents, --turns, --wave and --partitions must be at least 1")
+    workers = args.workers or processor_workers(args.partitions)
     bootstrap = args.bootstrap or default_bootstrap()
     work = Path(tempfile.mkdtemp(prefix="torpor-bench-kafka-"))
     try:
         rows, summary = run(bootstrap, args.agents, args.turns, args.wave, args.partitions, work, args.keep,
-                            args.workers, args.signed)
+                            workers, args.signed)
     finally:
         if args.keep:
             print(f"work directory kept: {work}")

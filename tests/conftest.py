@@ -13,6 +13,11 @@ it has a leader on every partition, and deletes it after the test.
 A test marked `pure_only` replaces a module-level function of the compiled core
 (`torpor.native.MODULES`), which compiled callers do not see: it is skipped while the
 compiled core is in use, and `bin/test` runs it in its pure pass (`TORPOR_PURE=1`).
+
+Every `torpor processor` a test starts is one process that folds (`TORPOR_PROCESSOR_WORKERS=1`,
+set here for the session and inherited by the commands), as the tests that kill it,
+stop it or read its store expect; without it the command would supervise a worker per
+core. `tests/processors/test_processor_workers.py` runs the default and `--workers N`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from confluent_kafka.cimpl import NewTopic
 
 from tests.waiting import wait_until
 from torpor import native
+from torpor.cli.workers import WORKERS_ENV
+
+os.environ[WORKERS_ENV] = "1"  # the module docstring: a test's processor is one process
 
 BOOTSTRAP_ENV: Final = "TORPOR_TEST_BOOTSTRAP"
 HOW_TO_START: Final = (

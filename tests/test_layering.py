@@ -228,7 +228,7 @@ class Absent:
             raise ImportError(f"no module named {name!r} (blocked by the test)")
         return None
 sys.meta_path.insert(0, Absent())
-import torpor.cli, torpor.cli.processor, torpor.cli.connector, torpor.cli.send
+import torpor.cli, torpor.cli.processor, torpor.cli.processor_run, torpor.cli.connector, torpor.cli.send
 import torpor.processors.processor, torpor.connectors.runtime
 from torpor.cli.traces import start_tracing
 from torpor.schemas.errors import ConfigError

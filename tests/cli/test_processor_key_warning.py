@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torpor.cli.processor import OPENAI_HOST, _warn_if_a_key_leaves
+from torpor.cli.processor_run import OPENAI_HOST, _warn_if_a_key_leaves
 from torpor.processors.models.providers.settings import EndpointSettings
 from torpor.streams.config import Secret
 

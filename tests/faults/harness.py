@@ -320,7 +320,9 @@ class Soak:
         return process, path
 
     def processor(self, instance: str, fault: str | None = None) -> tuple[subprocess.Popen[bytes], Path]:
-        return self.start([TORPOR, "processor", "--instance", instance, "--app", self.app,
+        # One process, said here too: `python -m tests.faults.soak` runs without the
+        # test session's TORPOR_PROCESSOR_WORKERS=1, and a kill must reach the one that folds.
+        return self.start([TORPOR, "processor", "--instance", instance, "--app", self.app, "--workers", "1",
                            "--store-dir", str(self.root / f"stores-{instance}"),
                            "--script", str(self.root / "script.toml"),
                            "--config", str(self.root / "processor.toml")],

@@ -9,12 +9,16 @@ Against the real broker, with the scripted model and the echo connector:
 - a worker killed with SIGKILL makes the supervisor stop the other one and exit with the
   killed one's status (137); started again with the same names, the workers finish
   every conversation exactly once.
+- without `--workers` (and without TORPOR_PROCESSOR_WORKERS, which the test session pins
+  to 1) the command runs `default_workers(partitions)` workers, one per usable core but no
+  more than the partitions, each given its share of the `[memory]` budgets.
 The options handed down to the workers are checked without a broker.
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -22,7 +26,10 @@ import click
 import psutil
 import pytest
 
+import torpor.cli.workers as workers_module
 from tests.processors.test_processor import (
+    PARTITIONS,
+    REPO,
     TORPOR,
     Deployment,
     Tail,
@@ -32,7 +39,7 @@ from tests.processors.test_processor import (
 )
 from tests.waiting import wait_until
 from torpor.cli.processor import processor
-from torpor.cli.workers import given_options, worker_commands
+from torpor.cli.workers import WORKERS_ENV, default_workers, given_options, worker_commands
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 
@@ -119,6 +126,41 @@ def test_a_killed_supervisor_leaves_no_worker_behind(deployment: Deployment) -> 
     wait_until(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
                timeout=120, message=f"the workers ended; log:\n{deployment.log('processor')[-3000:]}")
     assert deployment.log("processor").count(" stopped: ") == 2, deployment.log("processor")[-3000:]
+
+
+def test_without_workers_the_command_runs_one_per_core_up_to_the_partitions_each_with_its_memory_share(
+    deployment: Deployment,
+) -> None:
+    env = {name: value for name, value in deployment.env.items() if name != WORKERS_ENV}
+    env.update(TORPOR_BLOCK_CACHE_MIB="100", TORPOR_HISTORY_CACHE_ENTRIES="1001")
+    log = open(deployment.root / "processor.log", "wb")  # noqa: SIM115
+    started = subprocess.Popen(deployment.processor_args("p0"), cwd=REPO, env=env, stdout=log,
+                               stderr=subprocess.STDOUT)
+    deployment.processes.append(started)
+    expected = default_workers(PARTITIONS)
+    wait_until(lambda: deployment.log("processor").count(" started in group") == expected, timeout=120,
+               message=f"{expected} processor(s) started; log:\n{deployment.log('processor')[-3000:]}")
+    supervisor = psutil.Process(started.pid)
+    if expected == 1:  # a one-core machine: this process folds, nothing is supervised
+        assert supervisor.children() == [] and "processor p0 started" in deployment.log("processor")
+    else:
+        workers = supervisor.children()
+        assert len(workers) == expected
+        for worker in workers:
+            inherited = worker.environ()
+            assert inherited["TORPOR_BLOCK_CACHE_MIB"] == str(100 // expected)
+            assert inherited["TORPOR_HISTORY_CACHE_ENTRIES"] == str(1001 // expected)
+            assert inherited["TORPOR_CONSUMER_PREFETCH_MIB"] == "16"  # per consumer: not split
+        assert all(f"processor p0-w{k} started" in deployment.log("processor") for k in range(expected))
+    started.send_signal(signal.SIGTERM)
+    assert started.wait(timeout=120) == 0, deployment.log("processor")[-3000:]
+
+
+def test_the_default_is_the_usable_cores_but_no_more_than_the_partitions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for cores, partitions, expected in ((2, 6, 2), (8, 3, 3), (1, 6, 1), (200, 500, 64)):
+        monkeypatch.setattr(workers_module, "usable_cores", lambda cores=cores: cores)
+        assert default_workers(partitions) == expected
 
 
 def test_workers_get_the_given_options_but_their_own_instance_stores_and_metrics_port(tmp_path: Path) -> None:

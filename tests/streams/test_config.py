@@ -397,3 +397,20 @@ def test_the_caches_are_bounded_by_the_memory_section_and_its_variables(tmp_path
                           "TORPOR_CONSUMER_PREFETCH_MIB": "4"}, file)
     assert both.memory == MemorySettings(block_cache_mib=32, row_cache_mib=0, write_buffer_mib=2,
                                          history_cache_entries=1000, consumer_prefetch_mib=4)
+
+
+def test_workers_share_the_memory_budgets_and_their_variables_say_exactly_the_share(tmp_path: Path) -> None:
+    file = tmp_path / "torpor.toml"
+    file.write_text("[memory]\nblock_cache_mib = 100\nrow_cache_mib = 1\nhistory_cache_entries = 7\n")
+    whole = load_settings({"TORPOR_WRITE_BUFFER_MIB": "33"}, file).memory
+    half = whole.share(2)
+    # Split evenly, rounded down, never below a budget's least (1 MiB of write buffer and
+    # block cache); the prefetch bound is per consumer, so each worker keeps it.
+    assert half == MemorySettings(block_cache_mib=50, row_cache_mib=0, write_buffer_mib=16,
+                                  history_cache_entries=3, consumer_prefetch_mib=16)
+    assert whole.share(64) == MemorySettings(1, 0, 1, 0, 16)
+    assert whole.share(1) == whole
+    # A worker reads the file too: the variables it is given must win and give the share.
+    assert load_settings(half.environment(), file).memory == half
+    with pytest.raises(ValueError, match="among 0 workers"):
+        whole.share(0)

@@ -211,7 +211,8 @@ def _play(settings: Settings, names: TopicNames, root: Path, run_id: str, config
     if config_file is not None:
         env["TORPOR_CONFIG"] = str(config_file.resolve())
     run = Processes(root, env)
-    run.start("processor", "processor", "--instance", "p0", "--app", f"demo-{run_id}",
+    # One process: one agent needs no second worker (the default would start one per core).
+    run.start("processor", "processor", "--instance", "p0", "--app", f"demo-{run_id}", "--workers", "1",
               "--store-dir", str(root / "stores"), "--script", str(root / "script.toml"))
     connectors = [("echo", "run-echo", "demo-echo"), ("timers", "run-timers", "demo-timer")]
     if ui_port is not None:  # started now, so that it is up by the time the run is checked

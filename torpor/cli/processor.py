@@ -1,4 +1,4 @@
-"""`torpor processor`: run one exactly-once processor instance against Kafka.
+"""`torpor processor`: run one exactly-once processor instance against Kafka, or N of them.
 
 Output contract: logs go to stderr, one line per event with the shell's fields. Exit
 codes: 0 after a clean stop (SIGTERM/SIGINT, or `--until-idle` once caught up and idle);
@@ -7,45 +7,31 @@ error (fenced by another instance, a hung transaction call, a store out of step 
 group's offsets), printed as one `fatal:` line. A fatal exit does not wait for the
 Kafka clients to close: a fenced or hung client may never close, and the restarted
 instance cleans up after this one.
+
+This module reads the options, creates the topics and decides how many processes fold
+(`torpor.cli.workers`); the process that folds is assembled by `torpor.cli.processor_run`,
+imported only then, so that a supervisor of workers holds ~30 MiB, not a processor's 70.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit
 
 import click
 
-from torpor import native
-from torpor.cli.hosted import HostedConnectors
-from torpor.cli.logs import LOG_FORMAT_OPTION, announce, configure
-from torpor.cli.metrics import serve_metrics
+from torpor.cli.logs import LOG_FORMAT_OPTION, configure
 from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
-from torpor.cli.traces import TRACES_OPTION, start_tracing, stop_tracing
-from torpor.cli.workers import supervise, worker_commands
-from torpor.processors.metrics import ProcessorMetrics
-from torpor.processors.models.providers.registry import ModelRouter
-from torpor.processors.models.providers.settings import BedrockSettings, EndpointSettings, ProviderSettings
-from torpor.processors.models.stage import StageConfig
-from torpor.processors.processor import Processor, ProcessorConfig
-from torpor.processors.store.kv import StoreMemory, configure_memory
-from torpor.schemas.errors import ConfigError, TorporError
+from torpor.cli.traces import TRACES_OPTION
+from torpor.cli.workers import MAX_WORKERS, WORKERS_ENV, default_workers, supervise, worker_commands
+from torpor.schemas.errors import ConfigError
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
-from torpor.streams.config import Secret
 from torpor.streams.deadline import Deadline
 
-# The hosts of the vendors' own endpoints (the providers' DEFAULT_BASE_URL): a key sent
-# anywhere else is worth a warning at start.
-OPENAI_HOST: Final = "api.openai.com"
-ANTHROPIC_HOST: Final = "api.anthropic.com"
-EXIT_FATAL: Final = 2
 # Creating the topics on first start includes waiting for leaders; a laptop broker is quick.
 ENSURE_TOPICS_SECONDS: Final = 60.0
 
@@ -90,11 +76,13 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="Serve Prometheus metrics on http://--metrics-host:PORT/metrics (0: any free port, "
                    "printed). Default: no metrics.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="The address of /metrics.")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
-              envvar="TORPOR_PROCESSOR_WORKERS",
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=None,
+              envvar=WORKERS_ENV,
               help="Run N processor processes of this app, to use N cores: instances <instance>-w0.."
-                   "-w<N-1>, stores under --store-dir/w<k>, metrics on consecutive ports. This "
-                   "process supervises them and ends with the first failing one's status.")
+                   "-w<N-1>, stores under --store-dir/w<k>, metrics on consecutive ports, each "
+                   "with its share of the [memory] budgets. This process supervises them and ends "
+                   "with the first failing one's status. With 1 this process folds itself. "
+                   "Default: the usable cores, at most one per partition of inputs.")
 @click.option("--log-level", default="info", show_default=True)
 @LOG_FORMAT_OPTION
 @TRACES_OPTION
@@ -105,15 +93,10 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
               default_model: str, openai_base_url: str | None, openai_api_key_env: str,
               anthropic_base_url: str | None, anthropic_api_key_env: str, bedrock_region: str | None,
               bedrock_endpoint_url: str | None, connectors: tuple[str, ...],
-              metrics_port: int | None, metrics_host: str, workers: int, log_level: str, log_format: str,
-              traces: str, config_file: Path | None, bootstrap: str | None) -> None:
+              metrics_port: int | None, metrics_host: str, workers: int | None, log_level: str,
+              log_format: str, traces: str, config_file: Path | None, bootstrap: str | None) -> None:
     """Fold the `inputs` topic into the RocksDB stores, exactly once, with the model stage beside it."""
     configure(log_level, log_format)
-    if workers > 1:
-        commands = worker_commands(ctx, workers, instance, store_dir or Path(".torpor") / "stores" / instance,
-                                   metrics_port)
-        sys.exit(supervise(commands))
-    logging.getLogger(__name__).info("compiled core (torpor/native.py): %s", native.status())
     # A stop asked for during startup (topics, stores) is honoured at the loop's first check.
     stopping: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -122,68 +105,26 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
     app = app or default_group(settings, "processor")
     try:
         rules = load_rules(script) if script is not None else ()  # a bad script touches no topic
+        # Before any worker starts: the default number of workers follows the partitions.
         ensured = ensure_topics(make_admin(settings), settings, Deadline.after(ENSURE_TOPICS_SECONDS))
-        memory = settings.memory
-        # Before any store opens: the block cache is made once per process.
-        configure_memory(StoreMemory(block_cache_bytes=memory.block_cache_mib << 20,
-                                     row_cache_bytes=memory.row_cache_mib << 20,
-                                     write_buffer_bytes=memory.write_buffer_mib << 20))
-        config = ProcessorConfig(instance=instance, app=app,
-                                 store_dir=store_dir or Path(".torpor") / "stores" / instance,
-                                 stage=StageConfig(history_cache_entries=memory.history_cache_entries))
-        providers = ProviderSettings(
-            openai=EndpointSettings(base_url=openai_base_url, api_key=_key(openai_api_key_env)),
-            anthropic=EndpointSettings(base_url=anthropic_base_url, api_key=_key(anthropic_api_key_env)),
-            bedrock=BedrockSettings(region=bedrock_region,
-                                    endpoint=EndpointSettings(base_url=bedrock_endpoint_url)))
-        _warn_if_a_key_leaves("--openai-base-url", providers.openai, openai_api_key_env, OPENAI_HOST)
-        _warn_if_a_key_leaves("--anthropic-base-url", providers.anthropic, anthropic_api_key_env,
-                              ANTHROPIC_HOST)
-        model = ModelRouter(providers, default_model, script=rules)
-        tracing = start_tracing(traces, "torpor-processor")
-        hosted = HostedConnectors(settings, connectors, app=app, instance=instance,
-                                  store_dir=config.store_dir, tracing=tracing)
-        metrics = None if metrics_port is None else ProcessorMetrics()
-        runner = Processor(settings, config, model, inputs_partitions=ensured.partitions,
-                           hosted_busy=hosted.busy, observer=metrics, tracing=tracing)
-        if metrics is not None and metrics_port is not None:
-            metrics.track_lag(runner.high_watermark)
-            server, _ = serve_metrics(metrics.registry, metrics_host, metrics_port)
-            announce(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
-    hosted.start()
-    announce(f"processor {instance} started in group {app}")
-    try:
-        runner.run(lambda: bool(stopping) or bool(hosted.failed), until_idle=until_idle)
-    except TorporError as error:
-        _fatal(error)
-    except Exception as error:  # a bug: still exit loudly and at once
-        _fatal(error)
-    hosted.stop()
-    if hosted.failed:
-        _fatal(RuntimeError("hosted connector failed: " + "; ".join(hosted.failed)))
-    stop_tracing(tracing)
-    loop = runner.loop
-    announce(f"processor {instance} stopped: {loop.commits} commits, {loop.aborts} aborts")
+    workers = workers or default_workers(ensured.partitions)
+    if workers > 1:
+        if stopping:
+            return
+        commands = worker_commands(ctx, workers, instance, store_dir or Path(".torpor") / "stores" / instance,
+                                   metrics_port)
+        sys.exit(supervise(commands, settings.memory.share(workers).environment()))
+    # Imported only by the process that folds (the module docstring).
+    from torpor.cli.processor_run import Folding, run_here
 
-
-def _key(variable: str) -> Secret | None:
-    value = os.environ.get(variable, "").strip()
-    return Secret(value) if value else None
-
-
-def _warn_if_a_key_leaves(flag: str, endpoint: EndpointSettings, variable: str, vendor: str) -> None:
-    """Say so at start when a provider key will be sent to a host that is not the vendor's."""
-    if endpoint.api_key is None or endpoint.base_url is None:
-        return
-    host = urlsplit(endpoint.base_url).hostname or ""
-    if host != vendor:
-        announce(f"warning: the key in ${variable} will be sent to {host} ({flag}), not to {vendor}; "
-                 f"unset {variable} (or point the key variable elsewhere) if {host} must not have it",
-                 logging.WARNING)
-
-
-def _fatal(error: BaseException) -> None:
-    announce(f"fatal: {type(error).__name__}: {error}", logging.CRITICAL)
-    os._exit(EXIT_FATAL)
+    run_here(Folding(
+        instance=instance, app=app, until_idle=until_idle,
+        store_dir=store_dir or Path(".torpor") / "stores" / instance, rules=rules,
+        default_model=default_model, openai_base_url=openai_base_url,
+        openai_api_key_env=openai_api_key_env, anthropic_base_url=anthropic_base_url,
+        anthropic_api_key_env=anthropic_api_key_env, bedrock_region=bedrock_region,
+        bedrock_endpoint_url=bedrock_endpoint_url, connectors=connectors,
+        metrics_port=metrics_port, metrics_host=metrics_host, traces=traces,
+    ), settings, ensured.partitions, stopping)

@@ -7,6 +7,11 @@ spread over them, each has its own transactional id and static member id
 `torpor processor` commands would have. Nothing new is shared between them, so
 exactly-once and restore are the single instance's.
 
+Without `--workers` the command runs one worker per usable core, but no more workers
+than `inputs` has partitions (a worker without a partition only waits). The `[memory]`
+budgets are the whole command's: each worker is given its `MemorySettings.share`, so two
+workers hold the caches one process would.
+
 The supervisor is small on purpose: it starts the N children with the command line it
 was given (but `--workers`, `--instance`, `--store-dir` and `--metrics-port`, which differ
 per child: each is told `--workers 1`, over a TORPOR_PROCESSOR_WORKERS it inherits),
@@ -25,7 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -36,9 +41,23 @@ from torpor.cli.logs import announce
 
 # Options each worker gets its own value of: never copied from the supervisor's command line.
 PER_WORKER: Final = frozenset({"workers", "instance", "store_dir", "metrics_port"})
+MAX_WORKERS: Final = 64
+WORKERS_ENV: Final = "TORPOR_PROCESSOR_WORKERS"  # `--workers` from the environment
 # How long the children have to stop cleanly after a SIGTERM before they are killed.
 STOP_SECONDS: Final = 60.0
 _PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
+
+
+def default_workers(partitions: int) -> int:
+    """Without `--workers`: the cores this process may run on, at most one per partition."""
+    return max(1, min(usable_cores(), partitions, MAX_WORKERS))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, as a container or taskset sets it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def worker_name(instance: str, index: int) -> str:
@@ -90,10 +109,15 @@ def worker_commands(ctx: click.Context, workers: int, instance: str, store_dir: 
     return commands
 
 
-def supervise(commands: Sequence[Sequence[str]]) -> int:
-    """Run the children until all end; the first non-zero status stops the others and is returned."""
+def supervise(commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> int:
+    """Run the children until all end; the first non-zero status stops the others and is returned.
+
+    `env`: variables each child gets on top of this process's environment (its memory share).
+    """
+    environment = {**os.environ, **env}
     # Held until the end: a Popen collected while its child runs may reap it behind os.wait.
-    children = [subprocess.Popen(command, preexec_fn=end_with_parent) for command in commands]
+    children = [subprocess.Popen(command, env=environment, preexec_fn=end_with_parent)
+                for command in commands]
     running = {child.pid for child in children}
 
     def stop(number: int, frame: object) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Final, TypeVar
@@ -324,7 +324,8 @@ class MemorySettings:
     """The bounds of a processor's caches: what its resident memory is made of, besides
     Python itself, whatever the number of agents and of partitions it owns.
 
-    Each is one budget for the whole process. `block_cache_mib`: RocksDB's block cache,
+    Each is one budget for the whole process, and for the whole `torpor processor`
+    command: its workers get a `share` each. `block_cache_mib`: RocksDB's block cache,
     shared by every store (one per partition owned). `row_cache_mib`: the rows the stores
     keep decoded, shared out evenly among them. `write_buffer_mib`: the stores' memtables
     together (one RocksDB write buffer manager; past it RocksDB flushes).
@@ -347,17 +348,40 @@ class MemorySettings:
     consumer_prefetch_mib: int = 16
 
     def __post_init__(self) -> None:
-        for name, env, least, most in (
-                ("block_cache_mib", "TORPOR_BLOCK_CACHE_MIB", 1, 1 << 20),
-                ("row_cache_mib", "TORPOR_ROW_CACHE_MIB", 0, 1 << 20),
-                ("write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", 1, 1 << 20),
-                ("history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", 0, 1 << 20),
-                # librdkafka takes at most 2,097,151 KiB
-                ("consumer_prefetch_mib", "TORPOR_CONSUMER_PREFETCH_MIB", 1, 2047)):
+        for name, env, least, most in _MEMORY_BOUNDS:
             value = getattr(self, name)
             if not least <= value <= most:
                 raise ConfigError(f"{name} must be between {least} and {most}, not {value}: "
                                   f"{_where(env, 'memory', name)}")
+
+    def share(self, workers: int) -> MemorySettings:
+        """Each of `workers` processes' part of these budgets (`torpor processor --workers`).
+
+        The caches are split evenly, rounded down but never below a budget's least value,
+        so N workers together hold what one process would. `consumer_prefetch_mib` is per
+        consumer, not a budget to split: each worker's consumers keep it.
+        """
+        if workers < 1:
+            raise ValueError(f"a share among {workers} workers")
+        least = {name: bound for name, _, bound, _ in _MEMORY_BOUNDS}
+        return replace(self, **{
+            name: max(least[name], getattr(self, name) // workers) for name in _SHARED_BUDGETS})
+
+    def environment(self) -> dict[str, str]:
+        """These settings as the `TORPOR_*` variables that set them (they win over a file)."""
+        return {env: str(getattr(self, name)) for name, env, _, _ in _MEMORY_BOUNDS}
+
+
+# (field, variable, least, most) of each `MemorySettings` value.
+_MEMORY_BOUNDS: Final[tuple[tuple[str, str, int, int], ...]] = (
+    ("block_cache_mib", "TORPOR_BLOCK_CACHE_MIB", 1, 1 << 20),
+    ("row_cache_mib", "TORPOR_ROW_CACHE_MIB", 0, 1 << 20),
+    ("write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", 1, 1 << 20),
+    ("history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", 0, 1 << 20),
+    # librdkafka takes at most 2,097,151 KiB
+    ("consumer_prefetch_mib", "TORPOR_CONSUMER_PREFETCH_MIB", 1, 2047))
+# The budgets `MemorySettings.share` splits among workers: every one but the per-consumer bound.
+_SHARED_BUDGETS: Final = ("block_cache_mib", "row_cache_mib", "write_buffer_mib", "history_cache_entries")
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,7 +135,8 @@ def test_without_boto3_every_other_backend_runs_and_bedrock_says_what_to_install
 _SDKS_ON_DEMAND = textwrap.dedent(
     """
     import asyncio, sys
-    import torpor.cli.processor, torpor.cli.local, torpor.cli.connector, torpor.inspector.app
+    import torpor.cli.processor, torpor.cli.processor_run, torpor.cli.local, torpor.cli.connector
+    import torpor.inspector.app
     from torpor.processors.models.providers.registry import ModelRouter, parse_model
     from torpor.processors.models.providers.settings import ProviderSettings
     from tests.processors.providers.samples import collect, history, request, user
