@@ -405,11 +405,14 @@ def test_workers_share_the_memory_budgets_and_their_variables_say_exactly_the_sh
     whole = load_settings({"TORPOR_WRITE_BUFFER_MIB": "33"}, file).memory
     half = whole.share(2)
     # Split evenly, rounded down, never below a budget's least (1 MiB of write buffer and
-    # block cache); the prefetch bound is per consumer, so each worker keeps it.
-    assert half == MemorySettings(block_cache_mib=50, row_cache_mib=0, write_buffer_mib=16,
+    # block cache) and never 0 where the budget is not (0 turns a cache off); the prefetch
+    # bound is per consumer, so each worker keeps it.
+    assert half == MemorySettings(block_cache_mib=50, row_cache_mib=1, write_buffer_mib=16,
                                   history_cache_entries=3, consumer_prefetch_mib=16)
-    assert whole.share(64) == MemorySettings(1, 0, 1, 0, 16)
+    assert whole.share(64) == MemorySettings(1, 1, 1, 1, 16)
     assert whole.share(1) == whole
+    off = MemorySettings(row_cache_mib=0, history_cache_entries=0)
+    assert (off.share(3).row_cache_mib, off.share(3).history_cache_entries) == (0, 0)
     # A worker reads the file too: the variables it is given must win and give the share.
     assert load_settings(half.environment(), file).memory == half
     with pytest.raises(ValueError, match="among 0 workers"):

@@ -6,7 +6,8 @@ codes: 0 after a clean stop (SIGTERM/SIGINT, or `--until-idle` once caught up an
 error (fenced by another instance, a hung transaction call, a store out of step with the
 group's offsets), printed as one `fatal:` line. A fatal exit does not wait for the
 Kafka clients to close: a fenced or hung client may never close, and the restarted
-instance cleans up after this one.
+instance cleans up after this one. With workers the command ends with the first failing
+worker's status (128 + n for one killed by signal n) and stops the others.
 
 This module reads the options, creates the topics and decides how many processes fold
 (`torpor.cli.workers`); the process that folds is assembled by `torpor.cli.processor_run`,
@@ -15,6 +16,7 @@ imported only then, so that a supervisor of workers holds ~30 MiB, not a process
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -22,11 +24,18 @@ from typing import Final
 
 import click
 
-from torpor.cli.logs import LOG_FORMAT_OPTION, configure
+from torpor.cli.logs import LOG_FORMAT_OPTION, announce, configure
 from torpor.cli.scenario import load_rules
 from torpor.cli.settings import default_group, read_settings, settings_options
 from torpor.cli.traces import TRACES_OPTION
-from torpor.cli.workers import MAX_WORKERS, WORKERS_ENV, default_workers, supervise, worker_commands
+from torpor.cli.workers import (
+    MAX_WORKERS,
+    WORKERS_ENV,
+    chosen_workers,
+    layout_warning,
+    supervise,
+    worker_commands,
+)
 from torpor.schemas.errors import ConfigError
 from torpor.streams.admin import ensure_topics
 from torpor.streams.clients import make_admin
@@ -38,7 +47,8 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
 
 @click.command("processor")
 @click.option("--instance", required=True,
-              help="This instance's stable name: its transactional id and static group member id.")
+              help="This instance's stable name: its transactional id and static group member id "
+                   "(with workers, theirs are <instance>-w<k>).")
 @click.option("--until-idle", is_flag=True,
               help="Exit once every owned partition is caught up and nothing is in flight.")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -82,7 +92,8 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
                    "-w<N-1>, stores under --store-dir/w<k>, metrics on consecutive ports, each "
                    "with its share of the [memory] budgets. This process supervises them and ends "
                    "with the first failing one's status. With 1 this process folds itself. "
-                   "Default: the usable cores, at most one per partition of inputs.")
+                   "Default: the usable cores (affinity and CPU quota), at most one per partition "
+                   "of inputs; 1 with --connector or --until-idle.")
 @click.option("--log-level", default="info", show_default=True)
 @LOG_FORMAT_OPTION
 @TRACES_OPTION
@@ -103,25 +114,33 @@ def processor(ctx: click.Context, instance: str, until_idle: bool, store_dir: Pa
         signal.signal(signum, lambda number, frame: stopping.append(number))
     settings = read_settings(config_file, bootstrap)
     app = app or default_group(settings, "processor")
+    stores = store_dir or Path(".torpor") / "stores" / instance
+    if workers is not None and workers > 1:  # refused before any topic is touched
+        if connectors:
+            raise click.BadParameter(f"a hosted --connector runs in one process: with --workers {workers} "
+                                     "each worker would run every tool call; use --workers 1, or run "
+                                     "the connector on its own (torpor connector run)",
+                                     param_hint="--connector")
+        worker_commands(ctx, workers, instance, stores, metrics_port)  # the ports fit
     try:
         rules = load_rules(script) if script is not None else ()  # a bad script touches no topic
         # Before any worker starts: the default number of workers follows the partitions.
         ensured = ensure_topics(make_admin(settings), settings, Deadline.after(ENSURE_TOPICS_SECONDS))
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
-    workers = workers or default_workers(ensured.partitions)
+    workers = chosen_workers(workers, partitions=ensured.partitions, hosting=bool(connectors),
+                             until_idle=until_idle)
+    unused = layout_warning(stores, workers)
+    if unused is not None:
+        announce(f"warning: {unused}", logging.WARNING)
     if workers > 1:
-        if stopping:
-            return
-        commands = worker_commands(ctx, workers, instance, store_dir or Path(".torpor") / "stores" / instance,
-                                   metrics_port)
-        sys.exit(supervise(commands, settings.memory.share(workers).environment()))
+        commands = worker_commands(ctx, workers, instance, stores, metrics_port)
+        sys.exit(supervise(commands, settings.memory.share(workers).environment(), stopping))
     # Imported only by the process that folds (the module docstring).
     from torpor.cli.processor_run import Folding, run_here
 
     run_here(Folding(
-        instance=instance, app=app, until_idle=until_idle,
-        store_dir=store_dir or Path(".torpor") / "stores" / instance, rules=rules,
+        instance=instance, app=app, until_idle=until_idle, store_dir=stores, rules=rules,
         default_model=default_model, openai_base_url=openai_base_url,
         openai_api_key_env=openai_api_key_env, anthropic_base_url=anthropic_base_url,
         anthropic_api_key_env=anthropic_api_key_env, bedrock_region=bedrock_region,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -48,16 +49,86 @@ STOP_SECONDS: Final = 60.0
 _PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 
 
+def chosen_workers(given: int | None, *, partitions: int, hosting: bool, until_idle: bool) -> int:
+    """The workers to run: `given` (`--workers`), else `default_workers`, but one process when
+    it hosts connectors (each worker would run every tool call: its connector is a group
+    of its own) or exits once idle (a worker idle first would leave the loopbacks sent to
+    its partitions unread)."""
+    if given is not None:
+        return given
+    return 1 if hosting or until_idle else default_workers(partitions)
+
+
 def default_workers(partitions: int) -> int:
-    """Without `--workers`: the cores this process may run on, at most one per partition."""
+    """Without `--workers`: the cores this process may use, at most one per partition."""
     return max(1, min(usable_cores(), partitions, MAX_WORKERS))
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, as a container or taskset sets it)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """The cores this process may use: its affinity mask (taskset, cpusets), but no more than
+    its cgroup's CPU quota rounded up (Docker's `--cpus`, a Kubernetes CPU limit), which
+    the affinity mask does not show."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+def cgroup_cpu_quota(proc: Path = Path("/proc/self/cgroup"),
+                     root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs' worth of time this process's cgroup and its parents allow (the smallest), None if
+    unlimited or unknown. cgroup v2: `cpu.max` ("QUOTA PERIOD" or "max PERIOD") from the
+    process's own cgroup up to the root; v1: `cpu.cfs_quota_us` over `cpu.cfs_period_us`
+    where the cpu controller is mounted (-1: unlimited)."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    quotas: list[float] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:  # v2: one hierarchy, limits set at any level
+            here = root / path.lstrip("/")
+            while True:
+                quota, _, period = _read(here / "cpu.max").partition(" ")
+                if quota not in ("", "max") and period:
+                    quotas.append(int(quota) / int(period))
+                if here == root or root not in here.parents:
+                    break
+                here = here.parent
+        elif "cpu" in controllers.split(","):  # v1: the controller's mount, as a container sees it
+            for mount in (root / "cpu", root / controllers):
+                quota, period = _read(mount / "cpu.cfs_quota_us"), _read(mount / "cpu.cfs_period_us")
+                if quota and period and int(quota) > 0:
+                    quotas.append(int(quota) / int(period))
+                    break
+    return min(quotas) if quotas else None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def layout_warning(store_dir: Path, workers: int) -> str | None:
+    """What to say when `store_dir` holds stores this run will not use: those of one process
+    (`partition-N`) under workers, or of workers (`w<k>/`) under one process or beyond this
+    run's workers. A partition's owner restores its store from the changelog wherever it
+    lives, so nothing is lost; the old stores only take disk space (and mislead a reader)."""
+    single = any(store_dir.glob("partition-*"))
+    split = sorted(p.name for p in store_dir.glob("w*") if p.is_dir() and p.name[1:].isdigit())
+    unused = split if workers == 1 else [name for name in split if int(name[1:]) >= workers]
+    if workers > 1 and single:
+        return (f"{store_dir} holds the stores of one processor process (partition-N), which "
+                f"the {workers} workers do not use: they restore theirs from the changelog into "
+                f"{store_dir}/w<k>. Remove the old ones once the workers run, or run --workers 1.")
+    if unused:
+        return (f"{store_dir} holds the stores of workers ({', '.join(unused)}) this run does not "
+                f"use: its {'process restores' if workers == 1 else 'workers restore'} from the "
+                f"changelog. Remove them once it runs, or run --workers {len(split)}.")
+    return None
 
 
 def worker_name(instance: str, index: int) -> str:
@@ -109,25 +180,36 @@ def worker_commands(ctx: click.Context, workers: int, instance: str, store_dir: 
     return commands
 
 
-def supervise(commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> int:
+def supervise(commands: Sequence[Sequence[str]], env: Mapping[str, str], stopping: list[int]) -> int:
     """Run the children until all end; the first non-zero status stops the others and is returned.
 
     `env`: variables each child gets on top of this process's environment (its memory share).
+    `stopping`: the SIGTERM/SIGINT this process got so far (a stop asked for during its own
+    startup: then no child starts), and those it gets while supervising. Once asked to stop,
+    a child ended by that signal itself (one still starting, before its handler) stopped
+    cleanly: the command exits 0, as one processor would.
     """
     environment = {**os.environ, **env}
     # Held until the end: a Popen collected while its child runs may reap it behind os.wait.
-    children = [subprocess.Popen(command, env=environment, preexec_fn=end_with_parent)
-                for command in commands]
-    running = {child.pid for child in children}
+    children: list[subprocess.Popen[bytes]] = []
+    running: set[int] = set()
 
     def stop(number: int, frame: object) -> None:
+        stopping.append(number)
         # os.kill, not Popen.send_signal: that one may reap the child, and os.wait below must.
         for pid in list(running):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, number)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT):  # before any child starts: no stop is lost
         signal.signal(signum, stop)
+    for command in commands:
+        if stopping:
+            break
+        children.append(subprocess.Popen(command, env=environment, preexec_fn=end_with_parent))
+        running.add(children[-1].pid)
+    if stopping and running:  # a stop that came while a child was being started reaches it too
+        stop(stopping[0], None)
     status = 0
     while running:
         pid, raw = os.wait()  # a signal runs `stop`, then the wait goes on (PEP 475)
@@ -135,6 +217,8 @@ def supervise(commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> int:
             continue
         running.discard(pid)
         code = os.waitstatus_to_exitcode(raw)
+        if stopping and -code in (signal.SIGTERM, signal.SIGINT):
+            code = 0
         if code != 0 and not status:
             status = code if code > 0 else 128 - code  # killed by signal n: 128 + n, as a shell says
             announce(f"processor worker {pid} ended with status {status}: stopping the others",

@@ -264,6 +264,10 @@ def open_stores(store_dir: Path) -> dict[int, RocksStore]:
             raise ConfigError(f"cannot open the store {path}: {exc}. Is a processor still running on it? "
                               "Stop it, or read the live state from the changelog instead.") from exc
     if not found:
+        workers = sorted(p.name for p in store_dir.glob("w*") if any(p.glob("partition-*")))
+        if workers:  # `torpor processor` with workers: one directory of stores per worker
+            raise ConfigError(f"no partition-N stores under {store_dir}, but a processor's workers' "
+                              f"({', '.join(workers)}): give one of them, e.g. {store_dir / workers[0]}")
         raise ConfigError(f"no partition-N stores under {store_dir}: is it a processor's --store-dir?")
     return found
 

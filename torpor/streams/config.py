@@ -357,15 +357,18 @@ class MemorySettings:
     def share(self, workers: int) -> MemorySettings:
         """Each of `workers` processes' part of these budgets (`torpor processor --workers`).
 
-        The caches are split evenly, rounded down but never below a budget's least value,
-        so N workers together hold what one process would. `consumer_prefetch_mib` is per
-        consumer, not a budget to split: each worker's consumers keep it.
+        The caches are split evenly, rounded down, so N workers together hold what one
+        process would; but a share is never below a budget's least value, nor 0 where the
+        budget is not (0 turns a cache off), so at budgets under N units they hold a
+        little more. `consumer_prefetch_mib` is per consumer, not a budget to split: each
+        worker's consumers keep it.
         """
         if workers < 1:
             raise ValueError(f"a share among {workers} workers")
         least = {name: bound for name, _, bound, _ in _MEMORY_BOUNDS}
         return replace(self, **{
-            name: max(least[name], getattr(self, name) // workers) for name in _SHARED_BUDGETS})
+            name: max(least[name], min(1, value), value // workers)
+            for name in _SHARED_BUDGETS for value in (getattr(self, name),)})
 
     def environment(self) -> dict[str, str]:
         """These settings as the `TORPOR_*` variables that set them (they win over a file)."""
