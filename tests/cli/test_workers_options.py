@@ -103,6 +103,11 @@ def test_the_cgroup_quota_is_the_smallest_limit_on_the_way_up(tmp_path: Path) ->
     _tree(root, {"cpu,cpuacct/cpu.cfs_quota_us": "250000\n"})
     assert cgroup_cpu_quota(proc, root) == 2.5
     assert cgroup_cpu_quota(tmp_path / "absent", root) is None
+    # What the kernel does not write is no limit, never an error at start.
+    for garbled in ("abc 100000\n", "100000 0\n", "100000\n", "\n"):
+        proc.write_text("0::/\n")
+        _tree(root, {"cpu.max": garbled})
+        assert cgroup_cpu_quota(proc, root) is None, garbled
 
 
 def test_the_usable_cores_are_the_affinity_within_the_quota_rounded_up(

@@ -11,7 +11,7 @@ worker's status (128 + n for one killed by signal n) and stops the others.
 
 This module reads the options, creates the topics and decides how many processes fold
 (`torpor.cli.workers`); the process that folds is assembled by `torpor.cli.processor_run`,
-imported only then, so that a supervisor of workers holds ~30 MiB, not a processor's 70.
+imported only then, so that a supervisor of workers holds ~35 MiB, not a processor's 70.
 """
 
 from __future__ import annotations

@@ -91,16 +91,17 @@ def cgroup_cpu_quota(proc: Path = Path("/proc/self/cgroup"),
             here = root / path.lstrip("/")
             while True:
                 quota, _, period = _read(here / "cpu.max").partition(" ")
-                if quota not in ("", "max") and period:
-                    quotas.append(int(quota) / int(period))
+                share = _cpus(quota, period)
+                if share is not None:
+                    quotas.append(share)
                 if here == root or root not in here.parents:
                     break
                 here = here.parent
         elif "cpu" in controllers.split(","):  # v1: the controller's mount, as a container sees it
             for mount in (root / "cpu", root / controllers):
-                quota, period = _read(mount / "cpu.cfs_quota_us"), _read(mount / "cpu.cfs_period_us")
-                if quota and period and int(quota) > 0:
-                    quotas.append(int(quota) / int(period))
+                share = _cpus(_read(mount / "cpu.cfs_quota_us"), _read(mount / "cpu.cfs_period_us"))
+                if share is not None:
+                    quotas.append(share)
                     break
     return min(quotas) if quotas else None
 
@@ -110,6 +111,16 @@ def _read(path: Path) -> str:
         return path.read_text().strip()
     except (OSError, ValueError):
         return ""
+
+
+def _cpus(quota: str, period: str) -> float | None:
+    """`quota` over `period` (microseconds), None for "max", -1 or anything unreadable: a
+    file the kernel did not write as documented must not stop a processor from starting."""
+    try:
+        share = int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return share if share > 0 else None
 
 
 def layout_warning(store_dir: Path, workers: int) -> str | None:
