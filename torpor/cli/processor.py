@@ -50,7 +50,8 @@ ENSURE_TOPICS_SECONDS: Final = 60.0
               help="This instance's stable name: its transactional id and static group member id "
                    "(with workers, theirs are <instance>-w<k>).")
 @click.option("--until-idle", is_flag=True,
-              help="Exit once every owned partition is caught up and nothing is in flight.")
+              help="Exit once every owned partition is caught up and nothing is in flight (with "
+                   "--workers N, each worker once its own are).")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the partitions' RocksDB stores live. Default: .torpor/stores/<instance>.")
 @click.option("--script", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
