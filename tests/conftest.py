@@ -118,6 +118,24 @@ def admin(kafka_bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": kafka_bootstrap, "log_level": 2})
 
 
+def wait_for_leaders(admin: AdminClient, name: str, partitions: int) -> None:
+    """Wait until the broker's metadata shows `name` with a leader on each of its partitions.
+
+    `create_topics(...).result()` returns once the controller made the topic; a client
+    asking the broker for its metadata a moment later may still be told it does not exist.
+    """
+    def has_leaders() -> bool:
+        topic = admin.list_topics(topic=name, timeout=5).topics.get(name)
+        return (
+            topic is not None
+            and topic.error is None
+            and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
+        )
+
+    wait_until(has_leaders, timeout=60, message=f"topic {name} has no leader on every partition")
+
+
 @pytest.fixture
 def topic_factory(admin: AdminClient, request: pytest.FixtureRequest) -> Iterator[TopicFactory]:
     """Create topics unique to this test; each is ready (leaders elected) when returned."""
@@ -129,17 +147,7 @@ def topic_factory(admin: AdminClient, request: pytest.FixtureRequest) -> Iterato
         spec = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})
         admin.create_topics([spec])[name].result(timeout=30)
         created.append(name)
-
-        def has_leaders() -> bool:
-            topic = admin.list_topics(topic=name, timeout=5).topics.get(name)
-            return (
-                topic is not None
-                and topic.error is None
-                and len(topic.partitions) == partitions
-                and all(p.leader >= 0 for p in topic.partitions.values())
-            )
-
-        wait_until(has_leaders, timeout=60, message=f"topic {name} has no leader on every partition")
+        wait_for_leaders(admin, name, partitions)
         return name
 
     yield create

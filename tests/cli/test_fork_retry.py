@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.conftest import wait_for_leaders
 from tests.waiting import wait_until
 from torpor.cli.fork import fork
 from torpor.schemas.codec import decode_value
@@ -31,6 +32,8 @@ def prefix(admin: AdminClient) -> Iterator[str]:
     name = f"test.forkretry.{uuid.uuid4().hex[:8]}."
     admin.create_topics([NewTopic(name + "inputs", num_partitions=3, replication_factor=1)])[
         name + "inputs"].result(timeout=30)
+    # Else `torpor fork` may be told the topic does not exist (it was, on a loaded CI machine).
+    wait_for_leaders(admin, name + "inputs", 3)
     yield name
     for future in admin.delete_topics([name + "inputs"], operation_timeout=30).values():
         future.result(timeout=60)
