@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from tests.conftest import wait_for_leaders
 from torpor.streams.topics import TopicNames
 
 pytestmark = pytest.mark.kafka
@@ -65,6 +66,7 @@ def test_check_shows_a_topic_that_breaks_the_layout_with_why(kafka_bootstrap: st
     spec = NewTopic(names.inputs, num_partitions=3, replication_factor=1,
                     config={"message.timestamp.type": "CreateTime"})
     admin.create_topics([spec])[names.inputs].result(timeout=30)
+    wait_for_leaders(admin, names.inputs, 3)  # made is not yet shown in the broker's metadata
     assert _torpor(kafka_bootstrap, prefix, "topics", "create").returncode == 1
     checked = _torpor(kafka_bootstrap, prefix, "topics", "check")
     assert checked.returncode == 1, checked

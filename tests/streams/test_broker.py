@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from tests.conftest import wait_for_leaders
 from tests.waiting import wait_until
 from torpor.streams import broker
 
@@ -49,6 +50,7 @@ def produce_and_consume_one(bootstrap: str) -> None:
     topic = f"test.broker.{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
+    wait_for_leaders(admin, topic, 1)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     producer.produce(topic, key=b"thread-1", value=b"hello")
     assert producer.flush(30) == 0, "the record was not delivered"

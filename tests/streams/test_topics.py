@@ -11,6 +11,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
+from tests.conftest import wait_for_leaders
 from torpor.schemas.errors import ConfigError
 from torpor.streams.admin import ensure_topics, inspect_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
@@ -128,6 +129,7 @@ def partitions_of(admin: AdminClient, name: str) -> int:
 def create(admin: AdminClient, name: str, partitions: int, config: dict[str, str]) -> None:
     topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
     admin.create_topics([topic], operation_timeout=15)[name].result(timeout=30)
+    wait_for_leaders(admin, name, partitions)
 
 
 @pytest.mark.kafka
