@@ -47,7 +47,7 @@ from bench.workload import (
     create_input,
     turn_input,
 )
-from torpor.cli.workers import WORKERS_ENV, default_workers
+from torpor.cli.workers import WORKERS_ENV, chosen_workers
 from torpor.processors.processor import ProcessorConfig
 from torpor.schemas import signing
 from torpor.schemas.codec import decode_value, encode_value
@@ -97,8 +97,9 @@ def settle(pids: list[int]) -> None:
 def processor_workers(partitions: int) -> int:
     """How many workers `torpor processor` runs without `--workers` (TORPOR_PROCESSOR_WORKERS, else
     its default): the bench passes the number on, so that its figures say how many ran."""
-    given = os.environ.get(WORKERS_ENV, "").strip()
-    return int(given) if given else default_workers(partitions)
+    given = os.environ.get(WORKERS_ENV, "").strip()  # click reads it so for the command
+    return chosen_workers(int(given) if given else None, partitions=partitions,
+                          hosting=False, until_idle=False)
 
 
 def wait_for_workers(pid: int, workers: int, admin: AdminClient, group: str) -> None:

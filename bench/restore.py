@@ -36,6 +36,7 @@ from torpor.processors.restoring import RocksTarget
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store.kv import MemoryStore
 from torpor.processors.store.tables import load_state
+from torpor.processors.storedirs import partition_dir
 from torpor.schemas.records import (
     Budgets,
     Capability,
@@ -161,7 +162,7 @@ def main() -> None:
         # `[memory]` prefetch bound, TORPOR_* variables applied), as its restore has them.
         settings = load_settings({**os.environ, "TORPOR_BOOTSTRAP": servers}, None)
         consumer = Consumer(consumer_config(settings, f"bench-restore-{uuid.uuid4().hex}"))
-        targets = {p: RocksTarget(scratch / f"partition-{p}") for p in range(args.partitions)}
+        targets = {p: RocksTarget(partition_dir(scratch, p)) for p in range(args.partitions)}
         begin = time.perf_counter()
         results = restore_partitions(consumer, topic, targets, Deadline.after(600))
         seconds = time.perf_counter() - begin

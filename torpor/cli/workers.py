@@ -39,6 +39,7 @@ import click
 from click.core import ParameterSource
 
 from torpor.cli.logs import announce
+from torpor.processors.storedirs import partition_dirs, worker_dir, worker_dirs
 
 # Options each worker gets its own value of: never copied from the supervisor's command line.
 PER_WORKER: Final = frozenset({"workers", "instance", "store_dir", "metrics_port"})
@@ -128,9 +129,9 @@ def layout_warning(store_dir: Path, workers: int) -> str | None:
     (`partition-N`) under workers, or of workers (`w<k>/`) under one process or beyond this
     run's workers. A partition's owner restores its store from the changelog wherever it
     lives, so nothing is lost; the old stores only take disk space (and mislead a reader)."""
-    single = any(store_dir.glob("partition-*"))
-    split = sorted(p.name for p in store_dir.glob("w*") if p.is_dir() and p.name[1:].isdigit())
-    unused = split if workers == 1 else [name for name in split if int(name[1:]) >= workers]
+    single = bool(partition_dirs(store_dir))
+    split = worker_dirs(store_dir)
+    unused = [path.name for index, path in split.items() if workers == 1 or index >= workers]
     if workers > 1 and single:
         return (f"{store_dir} holds the stores of one processor process (partition-N), which "
                 f"the {workers} workers do not use: they restore theirs from the changelog into "
@@ -183,7 +184,7 @@ def worker_commands(ctx: click.Context, workers: int, instance: str, store_dir: 
         # `--workers 1` said, not left out: a worker inherits the environment, and
         # TORPOR_PROCESSOR_WORKERS there would make it a supervisor of workers of its own.
         own = ["--workers", "1", "--instance", worker_name(instance, index),
-               "--store-dir", str(store_dir / f"w{index}")]
+               "--store-dir", str(worker_dir(store_dir, index))]
         if metrics_port is not None:
             # 0 asks each child for a free port (each prints its own); else consecutive ports.
             own += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]

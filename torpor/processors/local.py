@@ -40,6 +40,7 @@ from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store.kv import Change, MemoryStore, Overlay, RocksStore, Store, StoreOffsets
 from torpor.processors.store.tables import HistoryCache
+from torpor.processors.storedirs import partition_dir
 from torpor.schemas.records import Dispatch, Input, Receipt, ThreadConfig, ThreadEvent
 from torpor.streams.log import InProcessLog, LogRecord, LogTopic
 from torpor.streams.topics import Topic
@@ -173,7 +174,7 @@ class LocalRuntime:
         if base is None:
             self._temp_dir = self._temp_dir or Path(tempfile.mkdtemp(prefix="torpor-local-"))
             base = self._temp_dir
-        return RocksStore(base / f"partition-{partition}")
+        return RocksStore(partition_dir(base, partition))
 
     # --- producing -----------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from torpor.processors.restoring import RocksTarget
 from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store.kv import Overlay, RocksStore, StoreOffsets
 from torpor.processors.store.tables import HistoryCache
+from torpor.processors.storedirs import partition_dir
 from torpor.processors.trust import trust_for
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
@@ -199,7 +200,7 @@ class ThreadTask:
     def __init__(self, partition: int, processor: Processor) -> None:
         self.partition = partition
         self._processor = processor
-        self._target = RocksTarget(processor.config.store_dir / f"partition-{partition}")
+        self._target = RocksTarget(partition_dir(processor.config.store_dir, partition))
         self._overlay: Overlay | None = None
         self._requests: list[RequestCompletion] = []
         # What the open checkpoint folded here, held for the observer until it commits.

@@ -54,6 +54,7 @@ from torpor.processors.store import keys
 from torpor.processors.store.kv import MemoryStore, RocksStore, Store
 from torpor.processors.store.statecodec import decode_state, state_rows
 from torpor.processors.store.tables import load_state, read_entries
+from torpor.processors.storedirs import partition_dirs, worker_dirs
 from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, RetriableError
 from torpor.schemas.records import (
@@ -252,19 +253,16 @@ def open_stores(store_dir: Path) -> dict[int, RocksStore]:
     (RocksDB's lock): stop it first, or read the changelog instead.
     """
     found: dict[int, RocksStore] = {}
-    for path in sorted(store_dir.glob("partition-*")):
-        suffix = path.name.removeprefix("partition-")
-        if not (path.is_dir() and suffix.isdigit()):
-            continue
+    for partition, path in partition_dirs(store_dir).items():
         try:
-            found[int(suffix)] = RocksStore(path)
+            found[partition] = RocksStore(path)
         except Exception as exc:  # rocksdict raises a bare Exception for a held lock
             for store in found.values():
                 store.close()
             raise ConfigError(f"cannot open the store {path}: {exc}. Is a processor still running on it? "
                               "Stop it, or read the live state from the changelog instead.") from exc
     if not found:
-        workers = sorted(p.name for p in store_dir.glob("w*") if any(p.glob("partition-*")))
+        workers = [path.name for path in worker_dirs(store_dir).values() if partition_dirs(path)]
         if workers:  # `torpor processor` with workers: one directory of stores per worker
             raise ConfigError(f"no partition-N stores under {store_dir}, but a processor's workers' "
                               f"({', '.join(workers)}): give one of them, e.g. {store_dir / workers[0]}")

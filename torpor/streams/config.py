@@ -348,11 +348,11 @@ class MemorySettings:
     consumer_prefetch_mib: int = 16
 
     def __post_init__(self) -> None:
-        for name, env, least, most in _MEMORY_BOUNDS:
+        for name, (least, most) in _MEMORY_BOUNDS.items():
             value = getattr(self, name)
             if not least <= value <= most:
                 raise ConfigError(f"{name} must be between {least} and {most}, not {value}: "
-                                  f"{_where(env, 'memory', name)}")
+                                  f"{_where(_variable('memory', name), 'memory', name)}")
 
     def share(self, workers: int) -> MemorySettings:
         """Each of `workers` processes' part of these budgets (`torpor processor --workers`).
@@ -365,24 +365,23 @@ class MemorySettings:
         """
         if workers < 1:
             raise ValueError(f"a share among {workers} workers")
-        least = {name: bound for name, _, bound, _ in _MEMORY_BOUNDS}
         return replace(self, **{
-            name: max(least[name], min(1, value), value // workers)
+            name: max(_MEMORY_BOUNDS[name][0], min(1, value), value // workers)
             for name in _SHARED_BUDGETS for value in (getattr(self, name),)})
 
     def environment(self) -> dict[str, str]:
         """These settings as the `TORPOR_*` variables that set them (they win over a file)."""
-        return {env: str(getattr(self, name)) for name, env, _, _ in _MEMORY_BOUNDS}
+        return {k.env: str(getattr(self, k.key)) for k in _KEYS if k.section == "memory" and k.env}
 
 
-# (field, variable, least, most) of each `MemorySettings` value.
-_MEMORY_BOUNDS: Final[tuple[tuple[str, str, int, int], ...]] = (
-    ("block_cache_mib", "TORPOR_BLOCK_CACHE_MIB", 1, 1 << 20),
-    ("row_cache_mib", "TORPOR_ROW_CACHE_MIB", 0, 1 << 20),
-    ("write_buffer_mib", "TORPOR_WRITE_BUFFER_MIB", 1, 1 << 20),
-    ("history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", 0, 1 << 20),
-    # librdkafka takes at most 2,097,151 KiB
-    ("consumer_prefetch_mib", "TORPOR_CONSUMER_PREFETCH_MIB", 1, 2047))
+# (least, most) of each `MemorySettings` value; its variable is in `_KEYS`.
+_MEMORY_BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
+    "block_cache_mib": (1, 1 << 20),
+    "row_cache_mib": (0, 1 << 20),
+    "write_buffer_mib": (1, 1 << 20),
+    "history_cache_entries": (0, 1 << 20),
+    "consumer_prefetch_mib": (1, 2047),  # librdkafka takes at most 2,097,151 KiB
+}
 # The budgets `MemorySettings.share` splits among workers: every one but the per-consumer bound.
 _SHARED_BUDGETS: Final = ("block_cache_mib", "row_cache_mib", "write_buffer_mib", "history_cache_entries")
 
@@ -434,6 +433,13 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key("memory", "history_cache_entries", "TORPOR_HISTORY_CACHE_ENTRIES", int),
     _Key("memory", "consumer_prefetch_mib", "TORPOR_CONSUMER_PREFETCH_MIB", int),
 )
+
+
+def _variable(section: str, key: str) -> str | None:
+    """The `TORPOR_*` variable that sets `[section] key`, from `_KEYS`."""
+    return next(k.env for k in _KEYS if k.section == section and k.key == key)
+
+
 _OVERRIDES_TABLE: Final = "librdkafka"  # [kafka.librdkafka]: free-form librdkafka properties
 _SECTIONS: Final = frozenset(k.section for k in _KEYS)
 
