@@ -44,7 +44,8 @@ class CounterRig:
     def command(self, *, until_idle: bool, instance: str = "i0", commit_every: int = 1000,
                 max_batch: int = 500, fetch_bytes: int | None = None,
                 transaction_timeout: float | None = None, txn_timeout_ms: int | None = None,
-                rejoin_wait: float | None = None, queue_messages: int | None = None) -> list[str]:
+                rejoin_wait: float | None = None, queue_messages: int | None = None,
+                linger_ms: int | None = None) -> list[str]:
         args = [sys.executable, "-m", "tests.streams.counter_task", "--bootstrap", self.bootstrap,
                 "--inputs", self.inputs, "--changelog", self.changelog, "--out", self.out,
                 "--parked", self.parked, "--group", self.group, "--instance", instance,
@@ -60,6 +61,8 @@ class CounterRig:
             args += ["--rejoin-wait", str(rejoin_wait)]
         if queue_messages is not None:
             args += ["--queue-messages", str(queue_messages)]
+        if linger_ms is not None:
+            args += ["--linger-ms", str(linger_ms)]
         return [*args, "--until-idle"] if until_idle else args
 
     def start(self, *, until_idle: bool = False, env: Mapping[str, str] | None = None,

@@ -171,6 +171,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--rejoin-wait", type=float, default=None)
     # The producer's local queue (queue.buffering.max.messages): a tiny one is found full often.
     parser.add_argument("--queue-messages", type=int, default=None)
+    # The transactional producer's linger.ms (config.TRANSACTIONAL_LINGER_MS by default): 0
+    # sends each record at once, so a refusal reaches the fold while it goes on.
+    parser.add_argument("--linger-ms", type=int, default=None)
     args = parser.parse_args(argv)
     configure("info")
     overrides: tuple[tuple[str, str], ...] = ()
@@ -178,6 +181,8 @@ def main(argv: Sequence[str]) -> int:
         overrides += (("max.partition.fetch.bytes", str(args.fetch_bytes)),)
     if args.txn_timeout_ms is not None:
         overrides += (("transaction.timeout.ms", str(args.txn_timeout_ms)),)
+    if args.linger_ms is not None:
+        overrides += (("linger.ms", str(args.linger_ms)),)
     if args.queue_messages is not None:
         overrides += (("queue.buffering.max.messages", str(args.queue_messages)),)
     timing = {} if args.transaction_timeout is None else {"transaction_timeout": args.transaction_timeout}

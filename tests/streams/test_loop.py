@@ -326,12 +326,20 @@ def test_a_transaction_the_broker_expired_gets_a_new_producer_in_process(rig: Co
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize(("linger_ms", "refused"), [
+    # Each record sent at once: the refusal arrives while the fold goes on.
+    (0, r"aborting checkpoint: produce to \S+ failed: _STATE"),
+    # The default linger holds a checkpoint's records until its commit flushes them.
+    (None, r"aborting checkpoint: commit_transaction failed: MSG_SIZE_TOO_LARGE"),
+], ids=["refused-mid-fold", "refused-at-commit"])
 def test_a_transaction_that_fails_under_the_fold_is_aborted_and_folded_again(
-        kafka_bootstrap: str, topic_factory: TopicFactory, admin: AdminClient, tmp_path: Path) -> None:
+        kafka_bootstrap: str, topic_factory: TopicFactory, admin: AdminClient, tmp_path: Path,
+        linger_ms: int | None, refused: str) -> None:
     # A record the broker refuses (here: too large for `out`) fails the open transaction in
     # the background, as OUT_OF_ORDER_SEQUENCE_NUMBER did after a leader failover; librdkafka
-    # then refuses the fold's next records with _STATE. The loop aborts and folds again (it
-    # used to exit 2 on that _STATE), until the topic takes the record.
+    # then refuses the fold's next records with _STATE, or the commit with the refusal. The
+    # loop aborts and folds again (it used to exit 2 on that _STATE), until the topic takes
+    # the record.
     partitions = 3
     rig = CounterRig(
         bootstrap=kafka_bootstrap, inputs=topic_factory(partitions),
@@ -347,12 +355,12 @@ def test_a_transaction_that_fails_under_the_fold_is_aborted_and_folded_again(
         assert producer.flush(30) == 0
         inputs += [big, *rig.produce_inputs(2700, first=300)]
         # Many small batches per checkpoint: the refusal arrives while the fold goes on.
-        process = rig.start(until_idle=True, commit_every=1000, max_batch=20, log_name="refused")
+        lingering = {} if linger_ms is None else {"linger_ms": linger_ms}
+        process = rig.start(until_idle=True, commit_every=1000, max_batch=20, log_name="refused", **lingering)
 
         def log() -> str:
             return "\n".join(p.read_text(errors="replace") for p in rig.store.parent.glob("refused-*.log"))
 
-        refused = r"aborting checkpoint: produce to \S+ failed: _STATE"
         wait_until(lambda: re.search(refused, log()) or process.poll() is not None, 180,
                    "a produce refused with _STATE aborts the checkpoint")
         assert process.poll() is None, log()[-4000:]

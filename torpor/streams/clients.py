@@ -59,12 +59,13 @@ _REFUSED: Final[frozenset[int]] = frozenset(
 )
 
 
-def make_producer(settings: Settings, transactional_id: str | None = None) -> Producer:
+def make_producer(settings: Settings, transactional_id: str | None = None, *,
+                  linger_ms: int | None = None) -> Producer:
     """A producer (transactional when `transactional_id` is given); see `config.producer_config`.
 
     The caller still runs `init_transactions` itself, under its own deadline.
     """
-    conf = producer_config(settings, transactional_id=transactional_id)
+    conf = producer_config(settings, transactional_id=transactional_id, linger_ms=linger_ms)
     try:
         return Producer({**conf, "logger": KAFKA_LOG})
     except KafkaException as exc:

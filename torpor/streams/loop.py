@@ -148,9 +148,12 @@ class LoopSettings:
     # When nothing more is waiting, a checkpoint commits once it is this old: inputs that
     # trickle in (a connector answering one call at a time) share a transaction instead
     # of paying a commit each, for at most this much latency per hop. bench.kafka (500
-    # agents): 0.01 s gave 431-564 checkpoint records and 459-483/s, 0.05 s 245-302 and
-    # 484-553/s, 0.1 s 236 and 438/s (noisy: shared cores).
-    commit_linger: float = 0.05
+    # agents, one process): 0.01 s gave 431-564 checkpoint records and 459-483/s, 0.05 s
+    # 245-302 and 484-553/s, 0.1 s 236 and 438/s (noisy: shared cores). With a worker per
+    # core the hop's latency, not the CPU, bounds a wave; 0.02 s, with the producers'
+    # lingers (config.TRANSACTIONAL_LINGER_MS, processor.STAGE_LINGER_MS), took 2,000 x 20
+    # from ~2,600 to ~3,000/s without more transactions (bench/README.md, stop 25).
+    commit_linger: float = 0.02
     # Records per consume() call: one batch is folded partition by partition.
     max_batch: int = 500
     # How long the loop blocks for the next record when nothing is waiting; bounds the
