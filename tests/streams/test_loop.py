@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from confluent_kafka.cimpl import NewTopic
 
-from tests.conftest import TopicFactory
+from tests.conftest import TopicFactory, wait_for_leaders
 from tests.faults.own_broker import OwnBroker
 from tests.streams.counter_rig import CounterRig, assert_counts_are_gapless, assert_exactly_once
 from tests.waiting import wait_until
@@ -247,6 +247,8 @@ def own_rig(own_broker: OwnBroker, tmp_path: Path) -> Iterator[CounterRig]:
     ])
     for future in futures.values():
         future.result(60)
+    for topic in names.values():
+        wait_for_leaders(admin, topic, partitions)
     (tmp_path / "stores").mkdir()
     rig = CounterRig(bootstrap=own_broker.bootstrap, inputs=names["inputs"], changelog=names["changelog"],
                      out=names["out"], parked=names["parked"], group=f"counter-{prefix}",
@@ -329,12 +331,13 @@ def test_a_transaction_the_broker_expired_gets_a_new_producer_in_process(rig: Co
 @pytest.mark.parametrize(("linger_ms", "refused"), [
     # Each record sent at once: the refusal arrives while the fold goes on.
     (0, r"aborting checkpoint: produce to \S+ failed: _STATE"),
-    # The default linger holds a checkpoint's records until its commit flushes them.
-    (None, r"aborting checkpoint: commit_transaction failed: MSG_SIZE_TOO_LARGE"),
+    # A linger longer than any checkpoint (commit_interval 0.2 s) holds the record until the
+    # commit's flush sends it, as the default (50 ms) does for the short checkpoints.
+    (5000, r"aborting checkpoint: commit_transaction failed: MSG_SIZE_TOO_LARGE"),
 ], ids=["refused-mid-fold", "refused-at-commit"])
 def test_a_transaction_that_fails_under_the_fold_is_aborted_and_folded_again(
         kafka_bootstrap: str, topic_factory: TopicFactory, admin: AdminClient, tmp_path: Path,
-        linger_ms: int | None, refused: str) -> None:
+        linger_ms: int, refused: str) -> None:
     # A record the broker refuses (here: too large for `out`) fails the open transaction in
     # the background, as OUT_OF_ORDER_SEQUENCE_NUMBER did after a leader failover; librdkafka
     # then refuses the fold's next records with _STATE, or the commit with the refusal. The
@@ -354,15 +357,15 @@ def test_a_transaction_that_fails_under_the_fold_is_aborted_and_folded_again(
         producer.produce(rig.inputs, key=big[0], value=big[1])
         assert producer.flush(30) == 0
         inputs += [big, *rig.produce_inputs(2700, first=300)]
-        # Many small batches per checkpoint: the refusal arrives while the fold goes on.
-        lingering = {} if linger_ms is None else {"linger_ms": linger_ms}
-        process = rig.start(until_idle=True, commit_every=1000, max_batch=20, log_name="refused", **lingering)
+        # Many small batches per checkpoint: sent at once, the refusal arrives while the fold goes on.
+        process = rig.start(until_idle=True, commit_every=1000, max_batch=20, log_name="refused",
+                            linger_ms=linger_ms)
 
         def log() -> str:
             return "\n".join(p.read_text(errors="replace") for p in rig.store.parent.glob("refused-*.log"))
 
         wait_until(lambda: re.search(refused, log()) or process.poll() is not None, 180,
-                   "a produce refused with _STATE aborts the checkpoint")
+                   f"the refused record aborts the checkpoint ({refused})")
         assert process.poll() is None, log()[-4000:]
         resource = ConfigResource(ResourceType.TOPIC, rig.out,
                                   incremental_configs=[ConfigEntry("max.message.bytes", "1048588",

@@ -198,7 +198,9 @@ class KafkaStageSink:
                 self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
                 return
             except BufferError:
-                self._producer.poll(0.05)  # full queue: let deliveries drain it
+                # Full queue: send what it holds now (a flush does not wait out the linger,
+                # STAGE_LINGER_MS; a poll would) and serve the delivery reports.
+                self._producer.flush(0.05)
 
 
 class ThreadTask:
@@ -434,6 +436,8 @@ class Processor:
         try:
             self.loop.run(should_stop, until_idle=until_idle)
             self.loop.close()
-            self._sink_producer.flush(10.0)
         finally:
             self.stages.stop()
+            # On any exit: the completions and live deltas the stage's producer still
+            # holds (STAGE_LINGER_MS) go out, else the next owner pays those model calls again.
+            self._sink_producer.flush(10.0)

@@ -39,6 +39,7 @@ def _numbered(store_dir: Path, prefix: str) -> dict[int, Path]:
     found: dict[int, Path] = {}
     for path in store_dir.glob(f"{prefix}*"):
         suffix = path.name.removeprefix(prefix)
-        if suffix.isdigit() and suffix.isascii() and path.is_dir():
+        # The names this module makes: ASCII digits, no leading zero (`w01` is not `w1`'s).
+        if suffix.isascii() and suffix.isdigit() and suffix == str(int(suffix)) and path.is_dir():
             found[int(suffix)] = path
     return found

@@ -439,13 +439,15 @@ class CheckpointLoop:
                 )
                 return
             except BufferError:
-                # The local queue is full: serve delivery reports to drain it, then retry.
+                # The local queue is full: send what it holds now (a flush does not wait out
+                # the linger, config.TRANSACTIONAL_LINGER_MS; a poll would), serve the
+                # delivery reports, then retry.
                 deadline = deadline or Deadline.after(self._settings.transaction_timeout)
                 if deadline.expired():
                     raise CheckpointAbortedError(
                         f"the producer queue stayed full for {self._settings.transaction_timeout}s"
                     ) from None
-                self._producer.poll(0.05)
+                self._producer.flush(0.05)
             except KafkaException as exc:
                 raise translate_produce(exc, topic=out.topic) from exc
 
@@ -496,10 +498,11 @@ class CheckpointLoop:
     def _commit(self, checkpoint: _Checkpoint, deadline: Deadline) -> None:
         """Phase 4: send the offsets with fresh group metadata, flush, commit.
 
-        The offsets go first: their two round trips to the coordinator overlap the
-        delivery of the checkpoint's last records, which the flush then waits for (and
-        whose reports it serves on this thread: a failed one aborts, and the changelog
-        offsets they carry are what phase 5 writes to the store).
+        The offsets go first. The flush then sends what the producer still holds (it
+        holds a checkpoint's records up to `config.TRANSACTIONAL_LINGER_MS`, so most of a
+        short checkpoint's records go out here, in one request per partition) and waits
+        for their delivery, serving the reports on this thread: a failed one aborts, and
+        the changelog offsets they carry are what phase 5 writes to the store.
         """
         inputs = self._settings.inputs_topic
         offsets = [TopicPartition(inputs, p, o) for p, o in checkpoint.next_offsets.items()]
