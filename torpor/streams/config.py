@@ -47,11 +47,10 @@ TRANSACTION_TIMEOUT_MS: Final = 10_000
 # (librdkafka's `linger.ms`, 5 by default). A checkpoint's records are needed only when it
 # commits, and the commit's flush sends whatever is held at once: holding them makes a
 # produce request per partition per checkpoint (per 50 ms, in a longer one) instead of
-# one every 5 ms. Each request
-# costs the broker (a transactional produce is also verified against the coordinator,
-# KIP-890). With the stage's linger (processor.STAGE_LINGER_MS) bench.kafka made ~37%
-# fewer produce requests and the broker spent ~20% less CPU per completion
-# (bench/README.md, stop 25).
+# one every 5 ms. Each request costs the broker (a transactional produce is also verified
+# against the coordinator, KIP-890). With the stage's linger (processor.STAGE_LINGER_MS)
+# bench.kafka made ~37% fewer produce requests and the broker spent ~20% less CPU per
+# completion (bench/README.md, stop 25).
 TRANSACTIONAL_LINGER_MS: Final = 50
 
 
