@@ -357,7 +357,7 @@ def test_a_transaction_that_fails_under_the_fold_is_aborted_and_folded_again(
         producer.produce(rig.inputs, key=big[0], value=big[1])
         assert producer.flush(30) == 0
         inputs += [big, *rig.produce_inputs(2700, first=300)]
-        # Many small batches per checkpoint: sent at once, the refusal arrives while the fold goes on.
+        # Many small batches per checkpoint: with linger 0 the refusal arrives while the fold goes on.
         process = rig.start(until_idle=True, commit_every=1000, max_batch=20, log_name="refused",
                             linger_ms=linger_ms)
 
