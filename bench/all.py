@@ -6,7 +6,8 @@ a copy of its inputs), each as its own process with the same `--agents`, `--turn
 their `<mode>-summary.csv` from `--out` and prints one table: completions/s, CPU per
 completion (user + system of the processes that ran Torpor: local mode's one process;
 Kafka mode's processor and connector, not the broker; the pass-through's own process),
-the resident-memory slope per idle agent, and Kafka's ratio to the pass-through; then
+the resident-memory slope per idle agent (and the same after warm-up, less the bounded
+caches' fill: `bench.figures.summarize`), and Kafka's ratio to the pass-through; then
 the machine (cores, load average before and after). The table is Markdown, ready for
 README.md. `--modes local` (or `kafka`) runs one mode only. Exit 1 if a mode failed or
 lost work (its own exit status).
@@ -31,7 +32,7 @@ from torpor.streams.config import TopicSettings
 REPO: Final = Path(__file__).resolve().parents[1]
 MODES: Final = ("local", "kafka")
 HEADER: Final = ("run", "completions/s", "CPU us per completion", "RSS slope KiB per idle agent",
-                 "Torpor / pass-through")
+                 "after warm-up, less the caches", "Torpor / pass-through")
 
 
 def load_average() -> str:
@@ -49,13 +50,14 @@ def table_rows(summaries: Mapping[str, Mapping[str, str]]) -> list[tuple[str, ..
     local = summaries.get("local")
     if local is not None:
         rows.append(("local", local["completions_per_s"], local["cpu_us_per_completion"],
-                     local["rss_slope_kib_per_agent"], ""))
+                     local["rss_slope_kib_per_agent"], local["rss_net_slope_kib_per_agent"], ""))
     kafka = summaries.get("kafka")
     if kafka is not None:
         rows.append(("kafka (exactly-once)", kafka["completions_per_s"], kafka["cpu_us_per_completion"],
-                     kafka["rss_slope_kib_per_agent"], kafka["ratio_to_passthrough"]))
+                     kafka["rss_slope_kib_per_agent"], kafka["rss_net_slope_kib_per_agent"],
+                     kafka["ratio_to_passthrough"]))
         rows.append(("raw EOS pass-through", kafka["passthrough_completions_per_s"],
-                     kafka["passthrough_cpu_us_per_completion"], "", "1"))
+                     kafka["passthrough_cpu_us_per_completion"], "", "", "1"))
     return rows
 
 

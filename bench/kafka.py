@@ -6,8 +6,10 @@ writes: twelve 94-character chunks, a `run_command` call unless the last entry i
 tool result, usage zero) and one `torpor connector run bench.workload:BenchTool`. A
 producer sends the agents' inputs in waves; each turn waits until every input of the
 wave has its receipt (read_committed). After each wave it samples the processor's RSS
-(psutil on its pid; the processor collects its own garbage, this cannot force it) and
-the store directory. Then it reads every topic, counts the completions (exit 1 if they
+(psutil on its pid and its workers; the processor collects its own garbage, this cannot
+force it), what its bounded caches hold (scraped from each worker's `/metrics`,
+`torpor_cache_bytes`: the processor runs with `--metrics-port`, as a deployment would)
+and the store directory. Then it reads every topic, counts the completions (exit 1 if they
 are not agents * turns * 2), sizes the processor's output records, and runs
 `bench.passthrough` on a copy of the inputs with outputs of the same counts and sizes,
 reporting Torpor's completions/s as a ratio of the pass-through's. Writes `kafka.csv`,
@@ -36,7 +38,7 @@ from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, Produc
 from confluent_kafka.admin import AdminClient
 
 from bench import figures, passthrough
-from bench.measure import cpu_seconds, dir_bytes, rss_bytes
+from bench.measure import cpu_seconds, dir_bytes, free_ports, rss_bytes, scraped_cache_bytes
 from bench.topics import create_topics, delete_topics, produce_queued, read_topic
 from bench.workload import (
     ARGUMENTS,
@@ -78,6 +80,20 @@ SUMMARY_COLUMNS: Final = (
 )
 TURN_TIMEOUT_S: Final = 600.0
 SETTLE_TIMEOUT_S: Final = 60.0
+
+
+def wait_for_metrics(ports: list[int], processor: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until every worker serves `/metrics` (each starts its server once its processor is built)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        try:
+            scraped_cache_bytes(ports, timeout=2.0)
+            return
+        except OSError as error:
+            if processor.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no /metrics on ports {ports} ({error}):\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.2)
 
 
 def settle(pids: list[int]) -> None:
@@ -256,6 +272,8 @@ def run(
         return process
 
     rows: list[figures.WaveRow] = []
+    metrics_port = free_ports(workers)
+    metrics_ports = list(range(metrics_port, metrics_port + workers))
     try:
         processor = start(
             [
@@ -271,6 +289,8 @@ def run(
                 str(work / "script.toml"),
                 "--workers",
                 str(workers),
+                "--metrics-port",
+                str(metrics_port),
                 "--log-level",
                 "warning",
             ],
@@ -314,6 +334,7 @@ def run(
 
         if workers > 1:  # the supervisor's workers: their CPU and RSS are the processor's
             wait_for_workers(processor.pid, workers, admin, f"app-{prefix}")
+        wait_for_metrics(metrics_ports, processor, work / "processor.log")
         settle([processor.pid, connector.pid])
         cpu_started = (cpu_seconds(processor.pid, descendants=True), cpu_seconds(connector.pid))
         started = time.perf_counter()
@@ -330,7 +351,8 @@ def run(
             seconds = time.perf_counter() - wave_started
             done = 2 * turns * len(ids)  # checked against the topic below
             rss, store = rss_bytes(processor.pid, descendants=True), dir_bytes(store_dir)
-            rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, store))
+            caches = scraped_cache_bytes(metrics_ports)
+            rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, caches, store))
             print(
                 f"wave {len(rows) - 1}: {first + len(ids)} agents in {seconds:.2f}s ({done / seconds:,.0f}"
                 f" completions/s), processor rss {rows[-1]['rss_bytes'] / 2**20:.1f} MiB",

@@ -5,10 +5,11 @@ completions and one tool round trip per turn, see `bench.workload`) through
 `LocalRuntime` with the RocksDB store, the stateless `BenchModel` and the
 `ForgetfulBenchTool`. After each turn of a wave: run until idle, then trim the in-process
 log (it stands in for Kafka, see `bench.retention`). After each wave: `gc.collect()`,
-sample this process's RSS. Why after each turn: a wave's records held until its end
-(500 agents x 20 turns, some 170,000 records) raised the process's high-water mark by
-about 180 MiB, which freed memory does not give back, so the RSS measured was mostly the
-broker's stand-in, not the runtime.
+sample this process's RSS and what the bounded store caches hold (`kv.cache_use`). Why
+after each turn: a wave's records held until its end (500 agents x 20 turns, some
+170,000 records) raised the process's high-water mark by about 180 MiB, which freed
+memory does not give back, so the RSS measured was mostly the broker's stand-in, not the
+runtime.
 Prints a summary and writes `local.csv` (one row per wave), `local-summary.csv` and
 `local-rss.png` into `--out`. Exit 1 if the completions counted differ from
 agents * turns * 2: a benchmark that lost work must not report a rate.
@@ -31,6 +32,7 @@ from bench.measure import cpu_seconds, dir_bytes, rss_bytes
 from bench.retention import RetainedLog
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms, tune_collector
+from torpor.processors.store.kv import cache_use
 from torpor.schemas.records import Completion, Input
 from torpor.streams.log import LogRecord
 
@@ -79,8 +81,9 @@ async def run(
             seconds = time.perf_counter() - wave_started
             gc.collect()
             done = counter.completions - before
-            rss, store = rss_bytes(), dir_bytes(store_dir)
-            rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, store))
+            rss, store, use = rss_bytes(), dir_bytes(store_dir), cache_use()
+            caches = use.block_cache + use.memtables + use.rows
+            rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, caches, store))
             print(
                 f"wave {len(rows) - 1}: {first + len(ids)} agents, {done} completions in {seconds:.2f}s "
                 f"({done / seconds:,.0f}/s), rss {rows[-1]['rss_bytes'] / 2**20:.1f} MiB",

@@ -105,6 +105,12 @@ def test_the_metrics_endpoint_counts_what_the_receipts_say(deployment: Deploymen
     partitions = [str(p) for p in range(PARTITIONS)]
     for partition in partitions:
         assert samples[("torpor_store_bytes", (("partition", partition),))] > 0
+    # The caches' fill, read from the caches: the stores have written rows and memtables,
+    # the stage has decoded the histories of its two completions.
+    assert samples[("torpor_cache_bytes", (("cache", "rows"),))] > 0
+    assert samples[("torpor_cache_bytes", (("cache", "memtables"),))] > 0
+    assert samples[("torpor_cache_bytes", (("cache", "block"),))] >= 0
+    assert samples[("torpor_history_cache_entries", ())] >= 2
     lags = [samples[("torpor_consumer_lag", (("partition", p),))] for p in partitions]
     assert all(0 <= lag <= 1 for lag in lags), lags
     # compose/'s Grafana dashboard asks only for what a processor really serves.

@@ -12,7 +12,8 @@ from torpor.processors.metrics import ProcessorMetrics, provider_of
 from torpor.processors.observing import CommittedWork
 from torpor.processors.step import step
 from torpor.processors.store import keys
-from torpor.processors.store.kv import RocksStore
+from torpor.processors.store.kv import RocksStore, cache_use
+from torpor.processors.store.tables import HistoryCache, load_state
 
 
 def _value(metrics: ProcessorMetrics, name: str, **labels: str) -> float | None:
@@ -42,6 +43,34 @@ def test_committed_work_is_counted_by_disposition_and_the_parked_gauge_follows_t
     metrics.partition_closed(0)
     assert _value(metrics, "torpor_parked_threads") == 0
     assert _value(metrics, "torpor_store_bytes", partition="0") is None
+    store.close()
+
+
+def test_the_caches_fill_is_read_from_the_caches_when_scraped(tmp_path: Path) -> None:
+    """The gauges are the caches' own counters, not the bounds: the row cache counts the
+    rows a step wrote, RocksDB's write buffer manager its memtables, the history cache its
+    entries. They are for the whole process (every store it opened), so at least these."""
+    store, feed = RocksStore(tmp_path / "partition-0"), Feed()
+    metrics = ProcessorMetrics()
+    metrics.partition_started(0, store, None)
+    step(store, feed(envelope("m-create", create())))
+    use = cache_use()
+    assert use.rows >= sum(len(k) + len(v) for k, v in store.iterate(b"")) > 0
+    assert use.memtables > 0  # each memtable holds an arena block from its first write
+    rows = _value(metrics, "torpor_cache_bytes", cache="rows")
+    assert rows is not None and rows >= use.rows - 1_000_000  # another test's store may close meanwhile
+    assert _value(metrics, "torpor_cache_bytes", cache="memtables") is not None
+    assert _value(metrics, "torpor_cache_bytes", cache="block") is not None
+    # No history cache told: no gauge, rather than a made-up 0.
+    assert _value(metrics, "torpor_history_cache_entries") is None
+    histories = HistoryCache(100)
+    metrics.track_histories(histories)
+    assert _value(metrics, "torpor_history_cache_entries") == 0
+    state = load_state(store, "t1")
+    assert state is not None
+    held = histories.visible(store, state, state.history_len)
+    assert held and _value(metrics, "torpor_history_cache_entries") == len(held) == histories.held_entries
+    metrics.partition_closed(0)
     store.close()
 
 

@@ -94,6 +94,7 @@ def run_here(options: Folding, settings: Settings, partitions: int, stopping: Se
                            hosted_busy=hosted.busy, observer=metrics, tracing=tracing)
         if metrics is not None and options.metrics_port is not None:
             metrics.track_lag(runner.high_watermark)
+            metrics.track_histories(runner.histories)
             server, _ = serve_metrics(metrics.registry, options.metrics_host, options.metrics_port)
             announce(f"metrics on http://{options.metrics_host}:{server.server_port}/metrics")
     except ConfigError as error:

@@ -23,6 +23,10 @@ Contract. `ProcessorMetrics` is a `ProcessorObserver` (`processors.observing`): 
                                             committed offset. Kafka's own definition, so a
                                             transaction marker at the end counts as 1
   torpor_store_bytes{partition}             per owned partition: its RocksDB directory's size on disk
+  torpor_cache_bytes{cache}                 what the process's bounded caches hold now: `block`
+                                            (RocksDB's block cache), `memtables` (as its write
+                                            buffer manager counts them), `rows` (the row caches)
+  torpor_history_cache_entries              decoded history entries the model stage keeps
 
 `provider` is the model string's API (`openai`, `anthropic`, `bedrock`, `scripted`; any
 other string a thread names is `other`, so a label never grows with what inputs say).
@@ -30,8 +34,10 @@ other string a thread names is `other`, so a label never grows with what inputs 
 Exactness. Inputs, dispatches and the parked gauge move only when a checkpoint commits
 (`partition_committed`): an aborted checkpoint's work is dropped and folded again, so
 after a run the inputs counted by disposition are exactly the receipts on `receipts`.
-Lag and store size are read when scraped (on the scrape's thread: the committed offsets
-this observer was told, the consumer's cached watermark, the files' sizes).
+Lag, store size and the caches are read when scraped (on the scrape's thread: the
+committed offsets this observer was told, the consumer's cached watermark, the files'
+sizes, the caches' own counters). Each cache fills up to its `[memory]` bound and stays
+there, so resident memory minus these is what grows with the agents.
 """
 
 from __future__ import annotations
@@ -52,8 +58,8 @@ from prometheus_client.registry import Collector
 from torpor.processors.fold.state import Status
 from torpor.processors.models.providers.registry import Backend
 from torpor.processors.observing import CommittedWork
-from torpor.processors.store.kv import RocksStore, Store
-from torpor.processors.store.tables import load_state, thread_states
+from torpor.processors.store.kv import RocksStore, Store, cache_use
+from torpor.processors.store.tables import HistoryCache, load_state, thread_states
 from torpor.schemas.records import Completion
 
 # What a parked thread's state row holds (`"status":"parked"`): the scan decodes only rows
@@ -98,6 +104,7 @@ class ProcessorMetrics:
         self._lock = threading.Lock()  # `_owned`: written on the loop's thread, read by scrapes
         self._owned: dict[int, _Owned] = {}
         self._watermark: Watermark | None = None
+        self._histories: HistoryCache | None = None
         self.inputs = PromCounter("torpor_inputs", "Inputs folded, by receipt disposition.",
                                   ["disposition", "reason"], registry=registry)
         self.dispatches = PromCounter("torpor_dispatches", "Dispatches committed to the outbox.",
@@ -121,6 +128,13 @@ class ProcessorMetrics:
     def track_lag(self, watermark: Watermark) -> None:
         """Report `torpor_consumer_lag` from `watermark` (the processor's, once it exists)."""
         self._watermark = watermark
+
+    def track_histories(self, histories: HistoryCache) -> None:
+        """Report `torpor_history_cache_entries` from `histories` (the processor's stage cache)."""
+        self._histories = histories
+
+    def history_entries(self) -> int | None:
+        return None if self._histories is None else self._histories.held_entries
 
     # --- the loop (streams.checkpoints.CheckpointObserver) ------------------------------
 
@@ -213,7 +227,7 @@ class ProcessorMetrics:
 
 
 class _PartitionCollector(Collector):
-    """`torpor_consumer_lag` and `torpor_store_bytes`, computed when scraped."""
+    """`torpor_consumer_lag`, `torpor_store_bytes` and the caches' fill, computed when scraped."""
 
     def __init__(self, metrics: ProcessorMetrics) -> None:
         self._metrics = metrics
@@ -229,6 +243,15 @@ class _PartitionCollector(Collector):
             size.add_metric([str(partition)], float(_directory_bytes(path)))
         yield lag
         yield size
+        use = cache_use()
+        caches = GaugeMetricFamily("torpor_cache_bytes", "What the process's bounded caches hold now.",
+                                   labels=["cache"])
+        for cache, held in (("block", use.block_cache), ("memtables", use.memtables), ("rows", use.rows)):
+            caches.add_metric([cache], float(held))
+        yield caches
+        if (entries := self._metrics.history_entries()) is not None:
+            yield GaugeMetricFamily("torpor_history_cache_entries",
+                                    "Decoded history entries the model stage keeps.", value=float(entries))
 
 
 def _directory_bytes(path: Path) -> int:

@@ -234,6 +234,29 @@ def _share_rows() -> None:
             cache.resize(_bounds.row_cache_bytes // len(caches))
 
 
+@dataclass(frozen=True, slots=True)
+class CacheUse:
+    """What the process's bounded store caches hold now, in bytes (`cache_use`): RocksDB's
+    block cache, the memtables its write buffer manager counts, and the row caches (their
+    keys and values plus `_ROW_OVERHEAD` a row, as they count against `row_cache_bytes`)."""
+
+    block_cache: int
+    memtables: int
+    rows: int
+
+
+def cache_use() -> CacheUse:
+    """What the caches behind `StoreMemory`'s bounds hold now, for the process's stores
+    together. Safe on any thread (a metrics scrape): RocksDB's usage counters are atomic,
+    and a row cache's count is an int read under the GIL. Each fills up to its bound and
+    stays there: resident memory that grows past them is what grows with the agents."""
+    with _sharing:
+        rows = sum(cache.held_bytes for cache in _shared_rows)
+    block = 0 if _shared_cache is None else _shared_cache.get_usage()
+    memtables = 0 if _shared_buffers is None else _shared_buffers.get_usage()
+    return CacheUse(block, memtables, rows)
+
+
 def _join_rows(cache: RowCache) -> None:
     """`cache` shares the process's budget from now on, until `_leave_rows` or until it is
     dropped (a store never closed): either way the others get its share back."""
@@ -330,6 +353,11 @@ class RowCache:
         for key in doomed:
             del rows[key]
         return held
+
+    @property
+    def held_bytes(self) -> int:
+        """What the held rows count against the capacity."""
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -289,6 +289,12 @@ class HistoryCache:
         """How many threads are held."""
         return len(self._threads)
 
+    @property
+    def held_entries(self) -> int:
+        """How many entries are held over all threads (at most the capacity). An int read:
+        safe from a metrics scrape on another thread."""
+        return self._entries
+
 
 # Built per input or per completion: a faster __init__, same signature (torpor.schemas.frozen).
 fast_inits(__name__)
