@@ -120,8 +120,9 @@ MANAGED_KEYS: Final[Mapping[str, str]] = {
 }
 
 
-def _where(env: str | None, section: str, key: str) -> str:
-    """How an operator sets one setting, for error messages."""
+def _where(section: str, key: str) -> str:
+    """How an operator sets `[section] key`, for error messages: its variable (`_KEYS`) or the file."""
+    env = _variable(section, key)
     file_key = f"[{section}] {key} in the config file"
     return f"set {env} or {file_key}" if env else f"set {file_key}"
 
@@ -150,13 +151,13 @@ class KafkaSettings:
         if not _NAME_CHARS.fullmatch(self.client_id_prefix):
             raise ConfigError(
                 f"client id prefix {self.client_id_prefix!r} must be non-empty and use only letters, "
-                f"digits, '.', '_' and '-': {_where('TORPOR_CLIENT_ID_PREFIX', 'kafka', 'client_id_prefix')}"
+                f"digits, '.', '_' and '-': {_where('kafka', 'client_id_prefix')}"
             )
         self._check_sasl()
         self._check_overrides()
 
     def _check_bootstrap(self) -> None:
-        fix = _where("TORPOR_BOOTSTRAP", "kafka", "bootstrap_servers")
+        fix = _where("kafka", "bootstrap_servers")
         entries = [entry.strip() for entry in self.bootstrap_servers.split(",")]
         if not self.bootstrap_servers.strip() or not all(entries):
             raise ConfigError(
@@ -221,17 +222,17 @@ class TopicSettings:
             raise ConfigError(
                 f"topic prefix {self.prefix!r} must use only letters, digits, '.', '_' and '-' and leave "
                 f"topic names under {_MAX_TOPIC_NAME + 1} characters: "
-                f"{_where('TORPOR_TOPIC_PREFIX', 'topics', 'prefix')}"
+                f"{_where('topics', 'prefix')}"
             )
-        _check_count(self.partitions, "partitions", "TORPOR_PARTITIONS")
+        _check_count(self.partitions, "partitions")
         if self.replication_factor is not None:
-            _check_count(self.replication_factor, "replication_factor", "TORPOR_REPLICATION_FACTOR")
+            _check_count(self.replication_factor, "replication_factor")
 
 
-def _check_count(value: int, key: str, env: str) -> None:
+def _check_count(value: int, key: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(
-            f"topics {key} must be a whole number of at least 1, got {value!r}: {_where(env, 'topics', key)}"
+            f"topics {key} must be a whole number of at least 1, got {value!r}: {_where('topics', key)}"
         )
 
 
@@ -249,7 +250,7 @@ class SchemaRegistrySettings:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(
                 f"schema registry URL {self._redacted()!r} must be http:// or https:// with a host: "
-                f"{_where('TORPOR_SCHEMA_REGISTRY_URL', 'schema_registry', 'url')}"
+                f"{_where('schema_registry', 'url')}"
             )
 
     def _redacted(self) -> str | None:
@@ -313,18 +314,18 @@ class InputSettings:
         if (self.processor_key_id is None) != (self.processor_key is None):
             raise ConfigError(
                 "the processor's signing key needs both its id and its file: "
-                f"{_where('TORPOR_PROCESSOR_KEY_ID', 'inputs', 'processor_key_id')} and "
-                f"{_where('TORPOR_PROCESSOR_KEY', 'inputs', 'processor_key')}"
+                f"{_where('inputs', 'processor_key_id')} and "
+                f"{_where('inputs', 'processor_key')}"
             )
         if self.processor_key_id is not None and self.keyring is None:
             raise ConfigError(
                 "a processor signing key without a key ring verifies nothing: set "
-                f"{_where('TORPOR_KEYRING', 'inputs', 'keyring')} too"
+                f"{_where('inputs', 'keyring')} too"
             )
         if not 1 <= self.max_bytes <= MAX_INPUT_BYTES_CEILING:
             raise ConfigError(
                 f"max input bytes must be between 1 and {MAX_INPUT_BYTES_CEILING}, not {self.max_bytes}: "
-                f"{_where('TORPOR_MAX_INPUT_BYTES', 'inputs', 'max_bytes')} (a larger input could make "
+                f"{_where('inputs', 'max_bytes')} (a larger input could make "
                 f"a record over the {RECORD_MAX_BYTES} bytes a producer sends)"
             )
 
@@ -362,7 +363,7 @@ class MemorySettings:
             value = getattr(self, name)
             if not least <= value <= most:
                 raise ConfigError(f"{name} must be between {least} and {most}, not {value}: "
-                                  f"{_where(_variable('memory', name), 'memory', name)}")
+                                  f"{_where('memory', name)}")
 
     def share(self, workers: int) -> MemorySettings:
         """Each of `workers` processes' part of these budgets (`torpor processor --workers`).
