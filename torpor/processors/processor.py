@@ -48,7 +48,6 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from torpor.processors.admission import Refused, admit
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.verify import Verifier
-from torpor.processors.heap import keep_heap_trimmed
 from torpor.processors.local import now_ms, tune_collector
 from torpor.processors.models.provider import ModelProvider
 from torpor.processors.models.stage import ModelStage, StageConfig, StageSink
@@ -431,11 +430,9 @@ class Processor:
         """Fold until `should_stop()` (or idle, with `until_idle`); then close cleanly.
 
         Raises the loop's fatal errors (module docstring) after stopping the stage.
-        The process is the processor's: its garbage collector is tuned (`tune_collector`)
-        and its C heap's free pages are given back every few seconds (`keep_heap_trimmed`).
+        The process is the processor's: its garbage collector is tuned (`tune_collector`).
         """
         tune_collector()
-        keep_heap_trimmed()
         try:
             self.loop.run(should_stop, until_idle=until_idle)
             self.loop.close()
