@@ -88,9 +88,10 @@ def summarize(
     resident memory over every wave. `rss_net_slope`: after warm-up, what grows with the
     agents; that is, of the resident memory less what the bounded caches held
     (`cache_bytes`), over the second half of the waves (every wave when there are fewer
-    than four). The caches fill up to their `[memory]` bounds and stay there, a fixed cost
-    however many agents, and the default 64 MiB block cache was still filling at 10,000
-    agents, so the first slope mixes that fill in. The second half: in the first waves
+    than four). The caches are bounded by `[memory]`, a fixed cost however many agents
+    (the block cache and the row caches fill up to their bounds and stay there, the
+    memtables fall back at each flush), and the default 64 MiB block cache was still
+    filling at 10,000 agents, so the first slope mixes that fill in. The second half: in the first waves
     the history cache fills too (it counts entries, not bytes) and the Python heap and
     librdkafka's buffers grow to their working size (a 10,000-agent Kafka run: ~300 MiB
     over waves 0-4 besides the caches, then flat)."""
@@ -131,8 +132,8 @@ def report(summary: Mapping[str, object]) -> None:
         f"-> {summary['idle_agents_in_8gb']} idle agents in 8 GB"
     )
     net = summary["rss_net_slope_kib_per_agent"]
-    print(f"  after warm-up (the second half of the waves), less the bounded caches' fill: {net} KiB"
-          " per idle agent")
+    print(f"  after warm-up (the second half of the waves, or all under four), less the bounded"
+          f" caches' fill: {net} KiB per idle agent")
     print(f"  store bytes on disk per agent: {summary['store_bytes_per_agent']}")
 
 

@@ -102,11 +102,12 @@ def plot_rss(path: Path, agents: Sequence[int], rss: Sequence[int], title: str) 
 
 
 def free_ports(count: int, tries: int = 100) -> int:
-    """The first of `count` consecutive ports that are free on 127.0.0.1 now. Another
-    process may take one before the processor binds it: it then exits saying so, and the
-    bench with it."""
+    """The first of `count` consecutive ports that are free on 127.0.0.1 now, below Linux's
+    ephemeral range (32768 on: outgoing connections, the processor's own to the broker
+    among them, take ports there). Another process may take one before the processor
+    binds it: it then exits saying so, and the bench with it."""
     for _ in range(tries):
-        first = random.randrange(20_000, 60_000 - count)
+        first = random.randrange(20_000, 32_000 - count)
         sockets: list[socket.socket] = []
         try:
             for port in range(first, first + count):

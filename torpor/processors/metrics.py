@@ -36,8 +36,10 @@ Exactness. Inputs, dispatches and the parked gauge move only when a checkpoint c
 after a run the inputs counted by disposition are exactly the receipts on `receipts`.
 Lag, store size and the caches are read when scraped (on the scrape's thread: the
 committed offsets this observer was told, the consumer's cached watermark, the files'
-sizes, the caches' own counters). Each cache fills up to its `[memory]` bound and stays
-there, so resident memory minus these is what grows with the agents.
+sizes, the caches' own counters). Each cache is bounded by this process's share of
+`[memory]`; the block cache and the row caches fill up to it and stay there, the
+memtables fall back at each flush. Resident memory minus these is what grows with the
+agents.
 """
 
 from __future__ import annotations

@@ -319,7 +319,7 @@ class InputSettings:
             )
         if self.processor_key_id is not None and self.keyring is None:
             raise ConfigError(
-                "a processor signing key without a key ring verifies nothing: set "
+                "a processor signing key without a key ring verifies nothing: "
                 f"{_where('inputs', 'keyring')} too"
             )
         if not 1 <= self.max_bytes <= MAX_INPUT_BYTES_CEILING:
@@ -447,8 +447,8 @@ _KEYS: Final[tuple[_Key, ...]] = (
 
 
 def _variable(section: str, key: str) -> str | None:
-    """The `TORPOR_*` variable that sets `[section] key`, from `_KEYS`."""
-    return next(k.env for k in _KEYS if k.section == section and k.key == key)
+    """The `TORPOR_*` variable that sets `[section] key`, from `_KEYS` (None: only the file)."""
+    return next((k.env for k in _KEYS if k.section == section and k.key == key), None)
 
 
 _OVERRIDES_TABLE: Final = "librdkafka"  # [kafka.librdkafka]: free-form librdkafka properties

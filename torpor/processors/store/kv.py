@@ -209,6 +209,7 @@ class StoreMemory:
 
 _bounds = StoreMemory()
 _shared_rows: weakref.WeakSet[RowCache] = weakref.WeakSet()  # the caches sharing `row_cache_bytes`
+_finalizers: weakref.WeakKeyDictionary[RowCache, weakref.finalize[[], RowCache]] = weakref.WeakKeyDictionary()
 _sharing = threading.RLock()  # who shares and each share change together
 
 
@@ -247,9 +248,12 @@ class CacheUse:
 
 def cache_use() -> CacheUse:
     """What the caches behind `StoreMemory`'s bounds hold now, for the process's stores
-    together. Safe on any thread (a metrics scrape): RocksDB's usage counters are atomic,
-    and a row cache's count is an int read under the GIL. Each fills up to its bound and
-    stays there: resident memory that grows past them is what grows with the agents."""
+    together. Safe on any thread (a metrics scrape): RocksDB reads its counters under its
+    own locks (no Python runs under them), and a row cache's count is an int read under
+    the GIL. Each is bounded by its share of `[memory]` (the block cache loosely: it is
+    not strict-capacity); the block cache and the row caches fill up to theirs and stay
+    there, the memtables fall back at each flush. Resident memory that grows past them
+    is what grows with the agents."""
     with _sharing:
         rows = sum(cache.held_bytes for cache in _shared_rows)
     block = 0 if _shared_cache is None else _shared_cache.get_usage()
@@ -263,11 +267,17 @@ def _join_rows(cache: RowCache) -> None:
     with _sharing:
         _shared_rows.add(cache)
         _share_rows()
-    weakref.finalize(cache, _share_rows)
+        # Kept, so that `_leave_rows` detaches it: a closed store's cache then re-shares
+        # nothing when it is collected (a collection can run inside another cache's
+        # `remember`, whose lock `_share_rows` would wait for on the same thread).
+        _finalizers[cache] = weakref.finalize(cache, _share_rows)
 
 
 def _leave_rows(cache: RowCache) -> None:
     with _sharing:
+        finalizer = _finalizers.pop(cache, None)
+        if finalizer is not None:
+            finalizer.detach()
         if cache in _shared_rows:
             _shared_rows.discard(cache)
             cache.resize(0)  # a closed store answers no read from memory, and holds none

@@ -291,8 +291,9 @@ class HistoryCache:
 
     @property
     def held_entries(self) -> int:
-        """How many entries are held over all threads (at most the capacity). An int read:
-        safe from a metrics scrape on another thread."""
+        """How many entries are held over all threads. An int read: safe from a metrics
+        scrape on another thread (which may catch `visible` between adding a thread's
+        entries and evicting others, a moment over the capacity)."""
         return self._entries
 
 
