@@ -222,7 +222,18 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
     victim = state.node(VICTIM)
     lead_inputs(admin, settings, victim.node_id)
     ensure_topics(admin, settings, Deadline.after(120))
-    metadata = admin.list_topics(timeout=10)
+
+    def every_topic_led() -> ClusterMetadata | None:
+        # ensure_topics returns once the controller made them; the broker asked next may
+        # not know them yet (CI run s26c: the outbox missing from its metadata).
+        metadata = admin.list_topics(timeout=10)
+        found = [metadata.topics.get(name) for name in names.all()]
+        led = all(t is not None and t.error is None and t.partitions
+                  and all(p.leader >= 0 for p in t.partitions.values()) for t in found)
+        return metadata if led else None
+
+    metadata = wait_until(every_topic_led, timeout=IN_SYNC_TIMEOUT,
+                          message="every topic ensure_topics made, with a leader, in the metadata")
     for name in names.all():  # the topics ensure_topics made: replication followed the cluster
         assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {3}, name
     outbox = ConfigResource(ResourceType.TOPIC, names.outbox)
