@@ -91,14 +91,14 @@ def summarize(
     than four). The caches are bounded by `[memory]`, a fixed cost however many agents
     (the block cache and the row caches fill up to their bounds and stay there, the
     memtables fall back at each flush), and the default 64 MiB block cache was still
-    filling at 10,000 agents, so the first slope mixes that fill in. The second half: in the first waves
-    the history cache fills too (it counts entries, not bytes) and the Python heap and
-    librdkafka's buffers grow to their working size (a 10,000-agent Kafka run: ~300 MiB
-    over waves 0-4 besides the caches, then flat)."""
+    filling at 10,000 agents, so the first slope mixes that fill in. The second half: in
+    the first waves the history cache fills too (it counts entries, not bytes) and the
+    Python heap and librdkafka's buffers grow to their working size (a 10,000-agent Kafka
+    run: ~300 MiB over waves 0-4 besides the caches, then flat)."""
     xs = [float(r["agents"]) for r in rows]
     per_agent = slope(xs, [float(r["rss_bytes"]) for r in rows])
-    warm = rows[len(rows) // 2:] if len(rows) >= 4 else rows
-    net = slope([float(r["agents"]) for r in warm], [float(r["rss_bytes"] - r["cache_bytes"]) for r in warm])
+    warm = len(rows) // 2 if len(rows) >= 4 else 0  # the first wave after warm-up
+    net = slope(xs[warm:], [float(r["rss_bytes"] - r["cache_bytes"]) for r in rows[warm:]])
     store = float(rows[-1]["store_bytes"]) / agents if rows else 0.0
     idle = idle_agents_in(EIGHT_GB, per_agent)
     return {

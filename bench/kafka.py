@@ -8,7 +8,8 @@ producer sends the agents' inputs in waves; each turn waits until every input of
 wave has its receipt (read_committed). After each wave it samples the processor's RSS
 (psutil on its pid and its workers; the processor collects its own garbage, this cannot
 force it), what its bounded caches hold (scraped from each worker's `/metrics`,
-`torpor_cache_bytes`: the processor runs with `--metrics-port`, as a deployment would)
+`torpor_cache_bytes`: the processor runs with `--metrics-port 0`, each worker on a free
+port it logs, and `/metrics` on, as a deployment would)
 and the store directory. Then it reads every topic, counts the completions (exit 1 if they
 are not agents * turns * 2), sizes the processor's output records, and runs
 `bench.passthrough` on a copy of the inputs with outputs of the same counts and sizes,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,7 +40,7 @@ from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, Produc
 from confluent_kafka.admin import AdminClient
 
 from bench import figures, passthrough
-from bench.measure import cpu_seconds, dir_bytes, free_ports, rss_bytes, scraped_cache_bytes
+from bench.measure import cpu_seconds, dir_bytes, rss_bytes, scraped_cache_bytes
 from bench.topics import create_topics, delete_topics, produce_queued, read_topic
 from bench.workload import (
     ARGUMENTS,
@@ -82,18 +84,16 @@ TURN_TIMEOUT_S: Final = 600.0
 SETTLE_TIMEOUT_S: Final = 60.0
 
 
-def wait_for_metrics(ports: list[int], processor: subprocess.Popen[bytes], log: Path) -> None:
-    """Wait until every worker serves `/metrics` (each starts its server once its processor is built)."""
+def metrics_pages(workers: int, processor: subprocess.Popen[bytes], log: Path) -> list[str]:
+    """The `/metrics` address of each worker, once all of them logged theirs (`metrics on
+    http://...`, once its server listens): `--metrics-port 0` lets each take a free port."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while True:
-        try:
-            scraped_cache_bytes(ports, timeout=2.0)
-            return
-        except OSError as error:
-            if processor.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"no /metrics on ports {ports} ({error}):\n{log.read_text()[-3000:]}") from None
-            time.sleep(0.2)
+    while len(found := re.findall(r"metrics on (http://\S+/metrics)", log.read_text())) < workers:
+        if processor.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{len(found)} of {workers} workers serve /metrics:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return found
 
 
 def settle(pids: list[int]) -> None:
@@ -272,8 +272,6 @@ def run(
         return process
 
     rows: list[figures.WaveRow] = []
-    metrics_port = free_ports(workers)
-    metrics_ports = list(range(metrics_port, metrics_port + workers))
     try:
         processor = start(
             [
@@ -290,7 +288,7 @@ def run(
                 "--workers",
                 str(workers),
                 "--metrics-port",
-                str(metrics_port),
+                "0",
                 "--log-level",
                 "warning",
             ],
@@ -334,7 +332,7 @@ def run(
 
         if workers > 1:  # the supervisor's workers: their CPU and RSS are the processor's
             wait_for_workers(processor.pid, workers, admin, f"app-{prefix}")
-        wait_for_metrics(metrics_ports, processor, work / "processor.log")
+        pages = metrics_pages(workers, processor, work / "processor.log")
         settle([processor.pid, connector.pid])
         cpu_started = (cpu_seconds(processor.pid, descendants=True), cpu_seconds(connector.pid))
         started = time.perf_counter()
@@ -351,7 +349,7 @@ def run(
             seconds = time.perf_counter() - wave_started
             done = 2 * turns * len(ids)  # checked against the topic below
             rss, store = rss_bytes(processor.pid, descendants=True), dir_bytes(store_dir)
-            caches = scraped_cache_bytes(metrics_ports)
+            caches = scraped_cache_bytes(pages)
             rows.append(figures.wave_row(len(rows), first + len(ids), done, seconds, rss, caches, store))
             print(
                 f"wave {len(rows) - 1}: {first + len(ids)} agents in {seconds:.2f}s ({done / seconds:,.0f}"

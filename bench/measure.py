@@ -5,17 +5,14 @@ Contract. `rss_bytes(pid)` is the resident set size of a process (psutil);
 `dir_bytes(path)` sums the sizes of the files under a directory; `slope(xs, ys)` is the
 least-squares slope (None with fewer than two distinct x); `write_csv` writes rows of
 dicts with a fixed column order; `plot_rss` writes a PNG of resident memory against
-agents (matplotlib, Agg backend, so no display is needed). `free_ports(n)` finds n
-consecutive free ports (`torpor processor --workers N --metrics-port P` serves P..P+N-1);
-`scraped_cache_bytes(ports)` sums what `torpor_cache_bytes` says on each page.
+agents (matplotlib, Agg backend, so no display is needed). `scraped_cache_bytes(urls)`
+sums what `torpor_cache_bytes` says on each `/metrics` page.
 """
 
 from __future__ import annotations
 
 import csv
 import os
-import random
-import socket
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -101,34 +98,12 @@ def plot_rss(path: Path, agents: Sequence[int], rss: Sequence[int], title: str) 
     plt.close(figure)
 
 
-def free_ports(count: int, tries: int = 100) -> int:
-    """The first of `count` consecutive ports that are free on 127.0.0.1 now, below Linux's
-    ephemeral range (32768 on: outgoing connections, the processor's own to the broker
-    among them, take ports there). Another process may take one before the processor
-    binds it: it then exits saying so, and the bench with it."""
-    for _ in range(tries):
-        first = random.randrange(20_000, 32_000 - count)
-        sockets: list[socket.socket] = []
-        try:
-            for port in range(first, first + count):
-                taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(taken)
-                taken.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for taken in sockets:
-                taken.close()
-    raise RuntimeError(f"no {count} consecutive free ports found in {tries} tries")
-
-
-def scraped_cache_bytes(ports: Sequence[int], timeout: float = 10.0) -> int:
-    """What the bounded store caches of the processes serving `/metrics` on `ports` hold
-    together (`torpor_cache_bytes`, every cache)."""
+def scraped_cache_bytes(urls: Sequence[str], timeout: float = 10.0) -> int:
+    """What the bounded store caches of the processes serving the `/metrics` pages at
+    `urls` hold together (`torpor_cache_bytes`, every cache)."""
     total = 0
-    for port in ports:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as page:
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=timeout) as page:
             text = page.read().decode()
         for family in text_string_to_metric_families(text):
             if family.name == "torpor_cache_bytes":
