@@ -17,7 +17,7 @@ from typing import Final
 
 import pytest
 
-from bench import figures, kafka, local
+from bench import figures, infinity, kafka, local
 from bench.passthrough import apportion
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -122,6 +122,69 @@ def test_all_benchmark_prints_local_kafka_and_passthrough_in_one_table(
     assert all(float(c[1]) > 0 and float(c[2]) > 0 for c in cells), done.stdout
     assert cells[1][4] != "" and cells[0][4] != "", done.stdout  # the slope less the caches' fill
     assert float(cells[1][5]) > 0, done.stdout  # the ratio to the pass-through
+
+
+AGENT_SCALE_OUTPUT: Final = """\
+import os, sys
+agents, turns, wave = (int(os.environ[k]) for k in ("AGENTS", "TURNS", "WAVE"))
+done = int(os.environ.get("DONE", agents * turns * 2))
+sum(i * i for i in range(300_000))  # some CPU time, for the figure to have a measure
+print("agents,rss_bytes")
+print("0,5000000", flush=True)
+for launched in range(wave, agents + 1, wave):
+    print(f"{launched},{5_000_000 + 100_000 * launched}", flush=True)
+print(f"{agents} agents x {turns} turns ({done} completions) in 0.1s; rss 7.0 MiB, 9.9 KiB per agent",
+      file=sys.stderr)
+sys.exit(int(os.environ.get("STATUS", "0")))
+"""
+
+
+def _agent_scale_stand_in(tmp_path: Path) -> Path:
+    """An executable that prints what Infinity's agent_scale example prints (its rows on
+    stdout, its summary line on stderr), for bench.infinity's reading of them: the real
+    binary needs a Rust build (bench/build-infinity) that CI does not run."""
+    path = tmp_path / "agent_scale"
+    path.write_text(f"#!{sys.executable}\n" + AGENT_SCALE_OUTPUT)
+    path.chmod(0o755)
+    return path
+
+
+def test_infinity_benchmark_reads_the_rows_and_the_summary_of_agent_scale(tmp_path: Path) -> None:
+    done = _run("bench.infinity", tmp_path, "--binary", str(_agent_scale_stand_in(tmp_path)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = _rows(tmp_path / "infinity.csv")
+    assert [int(r["agents"]) for r in rows] == [10, 20]  # the row before the first wave left out
+    assert [int(r["completions"]) for r in rows] == [10 * TURNS * 2] * 2
+    summary = _rows(tmp_path / "infinity-summary.csv")[0]
+    assert tuple(summary) == infinity.SUMMARY_COLUMNS
+    assert int(summary["completions"]) == AGENTS * TURNS * 2
+    assert float(summary["cpu_us_per_completion"]) > 0  # its own process's CPU, measured here
+    assert float(summary["rss_slope_kib_per_agent"]) == pytest.approx(100_000 / 1024, rel=1e-3)
+
+
+@pytest.mark.parametrize(("env", "said"), [({"DONE": "79"}, "completions counted differ"),
+                                            ({"STATUS": "3"}, "exited with 3")])
+def test_infinity_benchmark_fails_when_agent_scale_loses_work_or_fails(
+    tmp_path: Path, env: dict[str, str], said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    done = _run("bench.infinity", tmp_path, "--binary", str(_agent_scale_stand_in(tmp_path)))
+    assert done.returncode == 1
+    assert said in done.stderr
+
+
+def test_all_benchmark_puts_torpor_beside_infinity_when_given_its_binary(tmp_path: Path) -> None:
+    done = _run("bench.all", tmp_path, "--modes", "local", "--infinity", str(_agent_scale_stand_in(tmp_path)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, *rows = _table_lines(done.stdout)
+    cells = [row.strip("| ").split(" | ") for row in rows]
+    assert [c[0] for c in cells] == ["Infinity agent_scale (Rust, 1 thread, in-memory)", "local"]
+    reference, local_row = cells
+    fraction = float(local_row[1]) / float(reference[1])
+    multiple = float(local_row[2]) / float(reference[2])
+    assert f"local: {fraction:.2f} of Infinity's completions/s, {multiple:.2f} times its CPU per completion" \
+        in done.stdout
 
 
 @pytest.mark.parametrize("model", ["router", "bench"])
