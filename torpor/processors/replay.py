@@ -301,8 +301,8 @@ class ThreadHead:
 def _thread_of(key: bytes) -> tuple[str, bytes] | None:
     """The thread a row belongs to and the rest of its key (the kind first), or None for
     a row of no thread (the store-global rows: `keys`)."""
-    size = int.from_bytes(key[:4], "big")
-    return None if size == 0 else (key[4:4 + size].decode("utf-8"), key[4 + size:])
+    prefix = keys.thread_prefix_of(key)
+    return None if prefix == keys.GLOBAL_PREFIX else (keys.thread_of_prefix(prefix), key[len(prefix):])
 
 
 def thread_head(store: Store, thread_id: str) -> ThreadHead | None:
