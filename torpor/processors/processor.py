@@ -88,6 +88,15 @@ CANCEL_SECONDS: Final = 5.0
 # stop 25: with config.TRANSACTIONAL_LINGER_MS, ~37% fewer produce requests).
 STAGE_LINGER_MS: Final = 20
 
+SERVE_REPORTS_EVERY: Final = 512
+"""The stage's producer serves its delivery reports every this many sends. librdkafka
+keeps each message it sent until the report of its delivery is served, and nothing else
+serves them while the processor runs (the loop polls its own transactional producer): a
+worker held up to 100,000 delivered messages (`queue.buffering.max.messages`), ~120 MiB,
+until a `BufferError` made it flush them all at once, every ~40 s at full speed. Not at
+every send: `poll` lets go of the GIL, which the loop's thread then holds for up to a
+switch interval."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessorConfig:
@@ -179,6 +188,7 @@ class KafkaStageSink:
         self._inputs = topics.inputs
         self._partitions = inputs_partitions
         self._codec = codec
+        self._sent = 0
 
     def publish_event(self, event: ThreadEvent) -> None:
         # Keyed by thread: the producer's murmur2 partitioner puts it where the thread's records go.
@@ -196,11 +206,14 @@ class KafkaStageSink:
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
-                return
+                break
             except BufferError:
                 # Full queue: send what it holds now (a flush does not wait out the linger,
                 # STAGE_LINGER_MS; a poll would) and serve the delivery reports.
                 self._producer.flush(0.05)
+        self._sent += 1
+        if self._sent % SERVE_REPORTS_EVERY == 0:
+            self._producer.poll(0)  # frees the messages delivered so far (SERVE_REPORTS_EVERY)
 
 
 class ThreadTask:
