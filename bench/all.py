@@ -99,7 +99,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", f"bench.{mode}", "--agents", str(args.agents), "--turns",
                str(args.turns), "--wave", str(args.wave), "--out", str(args.out)]
     if mode == REFERENCE:
-        command += ["--binary", str(args.infinity)]
+        command += ["--binary", str(args.infinity.resolve())]  # the child runs in REPO
     if mode == "kafka":
         command += ["--partitions", str(args.partitions)]
         if args.workers is not None:

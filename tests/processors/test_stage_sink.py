@@ -64,5 +64,4 @@ def test_the_stage_sink_frees_the_messages_the_broker_acknowledged(
 
     wait_until(held_is_bounded, timeout=60,
                message=f"the stage's producer still holds more than {2 * SERVE_REPORTS_EVERY} messages")
-    assert sent > ROUNDS_FIRST * SERVE_REPORTS_EVERY > 2 * SERVE_REPORTS_EVERY  # unserved: all held
     assert producer.flush(30) == 0  # and nothing was lost on the way

@@ -91,11 +91,11 @@ STAGE_LINGER_MS: Final = 20
 SERVE_REPORTS_EVERY: Final = 512
 """The stage's producer serves its delivery reports every this many sends. librdkafka
 keeps each message it sent until the report of its delivery is served, and nothing else
-serves them while the processor runs (the loop polls its own transactional producer): a
-worker held up to 100,000 delivered messages (`queue.buffering.max.messages`), ~120 MiB,
-until a `BufferError` made it flush them all at once, every ~40 s at full speed. Not at
-every send: `poll` lets go of the GIL, which the loop's thread then holds for up to a
-switch interval."""
+serves them while the processor runs (the loop polls its own transactional producer;
+`_is_busy` polls this one, but only with `--until-idle`): a worker held up to 100,000
+delivered messages (`queue.buffering.max.messages`), ~120 MiB, until a `BufferError`
+made it flush them all at once, every ~40 s at full speed. Not at every send: `poll`
+lets go of the GIL, which the loop's thread then holds for up to a switch interval."""
 
 
 @dataclass(frozen=True, slots=True)
