@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from torpor.processors.admission import Refused, admit
 from torpor.processors.fold.effects import RequestCompletion
@@ -200,12 +200,14 @@ class KafkaStageSink:
         key = completion.thread_id.encode()
         listed: _Headers = list(headers) if headers else None
         self._send(self._inputs, key, self._codec.encode(self._inputs, completion),
-                   partition_for(key, self._partitions), listed)
+                   partition_for(key, self._partitions), listed, _completion_delivered)
 
-    def _send(self, topic: str, key: bytes, value: bytes, partition: int, headers: _Headers) -> None:
+    def _send(self, topic: str, key: bytes, value: bytes, partition: int, headers: _Headers,
+              on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
+                self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
+                                       on_delivery=on_delivery)
                 break
             except BufferError:
                 # Full queue: send what it holds now (a flush does not wait out the linger,
@@ -214,6 +216,17 @@ class KafkaStageSink:
         self._sent += 1
         if self._sent % SERVE_REPORTS_EVERY == 0:
             self._producer.poll(0)  # frees the messages delivered so far (SERVE_REPORTS_EVERY)
+
+
+def _completion_delivered(error: KafkaError | None, message: Message) -> None:
+    """Say so when librdkafka gave up on a completion (after `delivery.timeout.ms` without a
+    broker that takes it): the thread then waits for the model until its partition moves or
+    this worker restarts, and the next owner asks again (`ModelStage.resume`)."""
+    if error is not None:
+        thread_id = (message.key() or b"").decode("utf-8", errors="replace")
+        log.warning("a completion was not delivered: %s; the thread waits until its partition moves "
+                    "or this worker restarts, and is asked again then", error,
+                    extra={"thread_id": thread_id, "topic": message.topic()})
 
 
 class ThreadTask:
