@@ -6,9 +6,9 @@ input partition (RocksDB in a temp directory by default, or memory) and one
 to do (or a deadline passes):
 
 1. step: for each partition, fold the unread inputs into an `Overlay` over its store;
-2. commit: append the step's outputs to the log (changelog, outbox, loopback inputs,
-   events, receipts, parked), then apply the overlay to the store in one batch with the
-   changelog and input offsets it reaches; only now is anything visible;
+2. commit: append the step's outputs to the log (outbox, loopback inputs, events,
+   receipts, parked), then apply the overlay to the store in one batch with the input
+   offset it reaches; only now is anything visible;
 3. after the commit: hand the completion requests to the model stage and the new outbox
    records to the connectors (`Connectors.submit`), which answer later through the log.
 
@@ -19,6 +19,11 @@ The wall clock lives here, never in the fold: `now_ms()` stamps every input loca
 produces (user text, completions, tool results), and the fold reads time only from them.
 This module does not import connectors (DESIGN section 9): `torpor.cli.local` composes
 them and passes them in through the `Connectors` Protocol.
+
+No changelog: in Kafka mode the changelog topic is the store's replica, what a processor
+restores a partition from. Local mode's store is its own truth (it never restores), and
+nothing read the in-memory copy: it cost each completion some eight records (a third of
+the log's appends) and held every history row twice in memory for the life of a run.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from torpor.processors.fold.verify import Verifier
 from torpor.processors.models.provider import ModelProvider
 from torpor.processors.models.stage import ModelStage, StageConfig
 from torpor.processors.step import StepOutput, StepRecord, step
-from torpor.processors.store.kv import Change, MemoryStore, Overlay, RocksStore, Store, StoreOffsets
+from torpor.processors.store.kv import MemoryStore, Overlay, RocksStore, Store, StoreOffsets
 from torpor.processors.store.tables import HistoryCache
 from torpor.processors.storedirs import partition_dir
 from torpor.schemas.records import Dispatch, Input, Receipt, ThreadConfig, ThreadEvent
@@ -121,7 +126,6 @@ class Topics:
     outbox: LogTopic[Dispatch]
     events: LogTopic[ThreadEvent]
     receipts: LogTopic[Receipt]
-    changelog: LogTopic[Change]
     parked: LogTopic[Input]
 
     @classmethod
@@ -131,7 +135,6 @@ class Topics:
             outbox=LogTopic(PREFIX + Topic.OUTBOX, n),
             events=LogTopic(PREFIX + Topic.EVENTS, n),
             receipts=LogTopic(PREFIX + Topic.RECEIPTS, n),
-            changelog=LogTopic(PREFIX + Topic.CHANGELOG, n),
             parked=LogTopic(PREFIX + Topic.PARKED, n),
         )
 
@@ -271,9 +274,6 @@ class LocalRuntime:
 
     def _commit(self, partition: int, overlay: Overlay, output: StepOutput, next_offset: int) -> None:
         """Phase 2: the outputs become visible, then the store catches up in one batch."""
-        changelog_offset = None
-        for key, value in output.changes:
-            changelog_offset = self.log.append(self.topics.changelog, key, (key, value), partition).offset
         for dispatch in output.dispatches:
             self._publish(self.topics.outbox, dispatch.thread_id, dispatch)
         for event in output.events:
@@ -284,7 +284,7 @@ class LocalRuntime:
             self.log.append(self.topics.parked, parked.record.input.thread_id, parked.record.input)
         for loopback in output.loopbacks:
             self.send(loopback)
-        overlay.commit(StoreOffsets(changelog_offset=changelog_offset, input_offset=next_offset))
+        overlay.commit(StoreOffsets(input_offset=next_offset))
         self._positions[partition] = next_offset
         self.steps += 1
         self.folded += len(output.receipts)
