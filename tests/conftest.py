@@ -33,6 +33,7 @@ from typing import Final, Protocol
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._metadata import TopicMetadata  # not re-exported for a type checker
 from confluent_kafka.cimpl import NewTopic
 
 from tests.waiting import wait_until
@@ -118,22 +119,24 @@ def admin(kafka_bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": kafka_bootstrap, "log_level": 2})
 
 
+def is_led(topic: TopicMetadata | None, partitions: int | None = None) -> bool:
+    """Whether a broker's metadata shows `topic` without an error and with a leader on each
+    of its partitions (`partitions` of them, when given; at least one otherwise)."""
+    if topic is None or topic.error is not None or not topic.partitions:
+        return False
+    if partitions is not None and len(topic.partitions) != partitions:
+        return False
+    return all(p.leader >= 0 for p in topic.partitions.values())
+
+
 def wait_for_leaders(admin: AdminClient, name: str, partitions: int) -> None:
     """Wait until the broker's metadata shows `name` with a leader on each of its partitions.
 
     `create_topics(...).result()` returns once the controller made the topic; a client
     asking the broker for its metadata a moment later may still be told it does not exist.
     """
-    def has_leaders() -> bool:
-        topic = admin.list_topics(topic=name, timeout=5).topics.get(name)
-        return (
-            topic is not None
-            and topic.error is None
-            and len(topic.partitions) == partitions
-            and all(p.leader >= 0 for p in topic.partitions.values())
-        )
-
-    wait_until(has_leaders, timeout=60, message=f"topic {name} has no leader on every partition")
+    wait_until(lambda: is_led(admin.list_topics(topic=name, timeout=5).topics.get(name), partitions),
+               timeout=60, message=f"topic {name} has no leader on every partition")
 
 
 @pytest.fixture

@@ -61,6 +61,7 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
+from tests.conftest import is_led
 from tests.faults.harness import END_ONE, REPO, TORPOR, Soak, SoakConfig, read_all
 from tests.faults.ledger_echo import LEDGER_ENV
 from tests.waiting import wait_until
@@ -227,10 +228,7 @@ def test_killing_the_inputs_leader_loses_nothing_repeats_nothing_and_the_node_re
         # ensure_topics returns once the controller made them; the broker asked next may
         # not know them yet (CI run s26c: the outbox missing from its metadata).
         metadata = admin.list_topics(timeout=10)
-        found = [metadata.topics.get(name) for name in names.all()]
-        led = all(t is not None and t.error is None and t.partitions
-                  and all(p.leader >= 0 for p in t.partitions.values()) for t in found)
-        return metadata if led else None
+        return metadata if all(is_led(metadata.topics.get(name)) for name in names.all()) else None
 
     metadata = wait_until(every_topic_led, timeout=IN_SYNC_TIMEOUT,
                           message="every topic ensure_topics made, with a leader, in the metadata")
