@@ -21,6 +21,7 @@ from torpor.processors.store.kv import (
     cache_use,
 )
 from torpor.processors.store.tables import HistoryCache, load_state
+from torpor.schemas.records import CompletionError
 
 
 def _value(metrics: ProcessorMetrics, name: str, **labels: str) -> float | None:
@@ -118,6 +119,26 @@ def test_checkpoints_and_completions_are_counted_by_outcome_and_provider() -> No
     usage = completion("r1", "hi", total_tokens=30).usage
     assert _value(metrics, "torpor_model_tokens_total", provider="openai",
                   direction="output") == usage.output_tokens
+
+
+def test_each_completion_counts_in_its_own_provider_and_outcome() -> None:
+    # The series are found once per label pair and kept: later completions of a pair, and
+    # other pairs, must still land where `labels()` would have put them.
+    metrics = ProcessorMetrics()
+    ok = completion("r1", "hi", total_tokens=30)
+    failed = completion("r2", error=CompletionError(kind="permanent", message="no", attempts=1))
+    for model, body, seconds in [("openai:a", ok, 1.0), ("openai:b", ok, 2.0), ("openai:a", failed, 4.0),
+                                 ("anthropic:c", ok, 8.0)]:
+        metrics.completion_published(model, seconds, body)
+    assert _value(metrics, "torpor_completions_total", provider="openai", outcome="ok") == 2
+    assert _value(metrics, "torpor_completions_total", provider="openai", outcome="error") == 1
+    assert _value(metrics, "torpor_completions_total", provider="anthropic", outcome="ok") == 1
+    assert _value(metrics, "torpor_model_seconds_sum", provider="openai", outcome="ok") == 3.0
+    assert _value(metrics, "torpor_model_seconds_sum", provider="openai", outcome="error") == 4.0
+    assert _value(metrics, "torpor_model_tokens_total", provider="openai", direction="input") == \
+        2 * ok.usage.input_tokens + failed.usage.input_tokens
+    assert _value(metrics, "torpor_model_tokens_total", provider="anthropic", direction="output") == \
+        ok.usage.output_tokens
 
 
 def test_a_model_string_from_an_input_cannot_grow_the_provider_label() -> None:

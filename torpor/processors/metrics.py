@@ -97,6 +97,16 @@ class _Owned:
     high: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _ModelChildren:
+    """The series one completion updates, for one provider and outcome."""
+
+    completions: PromCounter
+    seconds: Histogram
+    input_tokens: PromCounter
+    output_tokens: PromCounter
+
+
 class ProcessorMetrics:
     """The processor's metrics, in a registry of their own (so two processors in one process,
     as in tests, never share counters). See the module docstring."""
@@ -125,6 +135,10 @@ class ProcessorMetrics:
                                        ["provider", "outcome"], buckets=_MODEL_BUCKETS, registry=registry)
         self.tokens = PromCounter("torpor_model_tokens", "Tokens the providers reported.",
                                   ["provider", "direction"], registry=registry)
+        # Each completion's four series, found once per label pair: `labels()` takes a lock
+        # and builds its key each time, 11 us of a completion's four updates. The labels are
+        # bounded (`provider_of`), so is this.
+        self._model_children: dict[tuple[str, str], _ModelChildren] = {}
         registry.register(_PartitionCollector(self))
 
     def track_lag(self, watermark: Watermark) -> None:
@@ -207,10 +221,15 @@ class ProcessorMetrics:
     def completion_published(self, model: str, seconds: float, completion: Completion) -> None:
         provider = provider_of(model)
         outcome = "error" if completion.error is not None else "ok"
-        self.completions.labels(provider, outcome).inc()
-        self.model_seconds.labels(provider, outcome).observe(seconds)
-        self.tokens.labels(provider, "input").inc(max(0, completion.usage.input_tokens))
-        self.tokens.labels(provider, "output").inc(max(0, completion.usage.output_tokens))
+        children = self._model_children.get((provider, outcome))
+        if children is None:
+            children = self._model_children[(provider, outcome)] = _ModelChildren(
+                self.completions.labels(provider, outcome), self.model_seconds.labels(provider, outcome),
+                self.tokens.labels(provider, "input"), self.tokens.labels(provider, "output"))
+        children.completions.inc()
+        children.seconds.observe(seconds)
+        children.input_tokens.inc(max(0, completion.usage.input_tokens))
+        children.output_tokens.inc(max(0, completion.usage.output_tokens))
 
     # --- read by the scrape ----------------------------------------------------------------
 
