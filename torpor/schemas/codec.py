@@ -53,6 +53,7 @@ from typing import Final, TypeVar
 import fastavro
 
 from torpor.schemas import framing
+from torpor.schemas.avroreader import NotReadable, record_reader
 from torpor.schemas.avrowriter import NotWritable, record_writer
 from torpor.schemas.convert import NAMESPACE, RecordPlan, plan_for
 from torpor.schemas.errors import ContractError, DecodeError, SchemaMismatchError
@@ -268,6 +269,9 @@ class _ClassCodec:
     # The record's bytes written straight from the dataclass (`avrowriter`), or None where
     # the schema is outside what it writes: then fastavro writes every record of the class.
     direct: Callable[[object], bytes] | None = None
+    # The record read straight into the dataclass from bytes of this very schema
+    # (`avroreader`), or None where the schema is outside what it reads.
+    reader: Callable[[bytes, int], tuple[object, int]] | None = None
 
 
 class Codec:
@@ -327,7 +331,11 @@ class Codec:
                 direct: Callable[[object], bytes] | None = record_writer(known.parsed)
             except NotWritable:
                 direct = None
-            found = _ClassCodec(plan, known, framing.single_object_header(known.fingerprint), direct)
+            try:
+                reader: Callable[[bytes, int], tuple[object, int]] | None = record_reader(known.parsed, cls)
+            except NotReadable:
+                reader = None
+            found = _ClassCodec(plan, known, framing.single_object_header(known.fingerprint), direct, reader)
             # A race computes an equal value twice; keeping either is harmless.
             self._classes[cls] = found
         return found
@@ -440,6 +448,15 @@ class Codec:
         """
         codec = self._class(cls)
         reader = codec.schema
+        if codec.reader is not None and writer.fingerprint == reader.fingerprint:
+            # The common case, read straight into the record. Any failure (malformed bytes
+            # included) goes the fastavro way below: same value, or the DecodeError it gives.
+            try:
+                value, end = codec.reader(data, start)
+                if end == len(data) and isinstance(value, cls):
+                    return value
+            except Exception:  # judged again below, where the error is reported
+                pass
         buf = io.BytesIO(data)
         buf.seek(start)
         try:
