@@ -31,6 +31,8 @@ import typing
 from collections.abc import Callable
 from typing import Final
 
+from torpor.schemas.avrowriter import kind_of
+
 Read = Callable[[bytes, int], tuple[object, int]]
 
 _DOUBLE: Final = struct.Struct("<d").unpack_from
@@ -103,51 +105,37 @@ def _classes_of(cls: type) -> dict[str, type]:
 
 
 def _reader(schema: object, named: _Named) -> Read:
-    if isinstance(schema, str):
-        if schema in named.schemas:
-            return _record(named.schemas[schema], None, named)
-        return _primitive(schema)
-    if isinstance(schema, list):
-        return _union(schema, named)
-    if isinstance(schema, dict):
-        kind = schema.get("type")
-        if kind == "record":
-            return _record(schema, None, named)
-        if kind == "array":
-            if not _takes_a_byte(schema["items"], named, set()):
-                raise NotReadable(f"array of {schema['items']!r}: an item may take no bytes")
-            return _array(_reader(schema["items"], named))
-        if isinstance(kind, str) and kind not in ("map", "enum", "fixed"):
-            return _reader(kind, named)
+    kind, part = kind_of(schema, named.schemas)
+    if kind == "record":
+        return _record(part, None, named)
+    if kind == "primitive" and isinstance(part, str):
+        return _primitive(part)
+    if kind == "union" and isinstance(part, list):
+        return _union(part, named)
+    if kind == "array":
+        if not _takes_a_byte(part, named, set()):
+            raise NotReadable(f"array of {part!r}: an item may take no bytes")
+        return _array(_reader(part, named))
     raise NotReadable(f"schema {schema!r}")
 
 
 def _is_record(schema: object, named: _Named) -> bool:
-    return (isinstance(schema, str) and schema in named.schemas) or (
-        isinstance(schema, dict) and schema.get("type") == "record")
+    return kind_of(schema, named.schemas)[0] == "record"
 
 
 def _takes_a_byte(schema: object, named: _Named, seen: set[str]) -> bool:
     """Whether every value of `schema` is at least one byte long (what `_array` relies on)."""
-    if isinstance(schema, str):
-        if schema in named.schemas:
-            if schema in seen:  # a record inside itself: its other fields decide
-                return False
-            return _takes_a_byte(named.schemas[schema], named, seen | {schema})
-        return schema != "null"
-    if isinstance(schema, list):
-        return True  # the branch index
-    if isinstance(schema, dict):
-        kind = schema.get("type")
-        if kind == "record":
-            fields = schema["fields"]
-            assert isinstance(fields, list)
-            inner = seen | {str(schema["name"])}
-            return any(_takes_a_byte(f["type"], named, inner) for f in fields)
-        if kind == "array":
-            return True  # the block count that ends it
-        return isinstance(kind, str) and _takes_a_byte(kind, named, seen)
-    return False
+    kind, part = kind_of(schema, named.schemas)
+    if kind == "primitive":
+        return part != "null"
+    if kind == "record" and isinstance(part, dict):
+        name = str(part["name"])
+        if name in seen:  # a record inside itself: its other fields decide
+            return False
+        fields = part["fields"]
+        assert isinstance(fields, list)
+        return any(_takes_a_byte(f["type"], named, seen | {name}) for f in fields)
+    return kind in ("union", "array")  # a branch index; the block count that ends an array
 
 
 def _primitive(kind: str) -> Read:

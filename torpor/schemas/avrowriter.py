@@ -77,21 +77,35 @@ class _Named:
         self.built: dict[str, _Write] = {}
 
 
-def _writer(schema: object, named: _Named) -> _Write:
+def kind_of(schema: object, named: dict[str, object]) -> tuple[str, object]:
+    """What the parsed `schema` is, for a writer or a reader built from it: `("record", its
+    schema)` (a name in `named` resolved), `("primitive", its name)`, `("union", its
+    branches)`, `("array", its items)`, or `("other", schema)`: a map, enum or fixed."""
     if isinstance(schema, str):
-        if schema in named.schemas:
-            return _record(named.schemas[schema], named)
-        return _primitive(schema)
+        return ("record", named[schema]) if schema in named else ("primitive", schema)
     if isinstance(schema, list):
-        return _union(schema, named)
+        return "union", schema
     if isinstance(schema, dict):
         kind = schema.get("type")
         if kind == "record":
-            return _record(schema, named)
+            return "record", schema
         if kind == "array":
-            return _array(_writer(schema["items"], named))
+            return "array", schema["items"]
         if isinstance(kind, str) and kind not in ("map", "enum", "fixed"):
-            return _writer(kind, named)
+            return kind_of(kind, named)
+    return "other", schema
+
+
+def _writer(schema: object, named: _Named) -> _Write:
+    kind, part = kind_of(schema, named.schemas)
+    if kind == "record":
+        return _record(part, named)
+    if kind == "primitive" and isinstance(part, str):
+        return _primitive(part)
+    if kind == "union" and isinstance(part, list):
+        return _union(part, named)
+    if kind == "array":
+        return _array(_writer(part, named))
     raise NotWritable(f"schema {schema!r}")
 
 
