@@ -53,7 +53,7 @@ from typing import Final, TypeVar
 import fastavro
 
 from torpor.schemas import framing
-from torpor.schemas.avroreader import NotReadable, record_reader
+from torpor.schemas.avroreader import record_reader
 from torpor.schemas.avrowriter import NotWritable, record_writer
 from torpor.schemas.convert import NAMESPACE, RecordPlan, plan_for
 from torpor.schemas.errors import ContractError, DecodeError, SchemaMismatchError
@@ -333,7 +333,7 @@ class Codec:
                 direct = None
             try:
                 reader: Callable[[bytes, int], tuple[object, int]] | None = record_reader(known.parsed, cls)
-            except NotReadable:
+            except Exception:  # NotReadable, or a class it cannot plan: fastavro reads them, as before
                 reader = None
             found = _ClassCodec(plan, known, framing.single_object_header(known.fingerprint), direct, reader)
             # A race computes an equal value twice; keeping either is harmless.
