@@ -278,3 +278,23 @@ def test_a_record_that_holds_itself_is_left_to_fastavro() -> None:
     assert isinstance(parsed, dict)
     with pytest.raises(NotReadable, match="holds itself"):
         record_reader(parsed, Node)
+
+
+@dataclass(frozen=True)
+class Usage:  # the name of a shipped record, another class
+    tokens: str
+
+
+@dataclass(frozen=True)
+class Billed:
+    mine: Usage
+    shipped: r.Usage
+
+
+def test_two_record_classes_of_one_name_are_left_to_fastavro() -> None:
+    usage = {"type": "record", "name": "torpor.Usage", "fields": [{"name": "tokens", "type": "string"}]}
+    parsed = fastavro.parse_schema({"type": "record", "name": "torpor.Billed", "fields": [
+        {"name": "mine", "type": usage}, {"name": "shipped", "type": "torpor.Usage"}]}, named_schemas={})
+    assert isinstance(parsed, dict)
+    with pytest.raises(NotReadable, match="two record classes"):
+        record_reader(parsed, Billed)

@@ -91,6 +91,8 @@ def _classes_of(cls: type) -> dict[str, type]:
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             name = f"torpor.{tp.__name__}"
             if name in found:
+                if found[name] is not tp:  # the schema names one record where there are two
+                    raise NotReadable(f"two record classes are named {name}")
                 return
             found[name] = tp
             hints = typing.get_type_hints(tp, vars(sys.modules[tp.__module__]))
