@@ -298,3 +298,20 @@ def test_two_record_classes_of_one_name_are_left_to_fastavro() -> None:
     assert isinstance(parsed, dict)
     with pytest.raises(NotReadable, match="two record classes"):
         record_reader(parsed, Billed)
+
+
+@pytest.mark.parametrize("envelope", [
+    {"source": "processor"},  # a false source: the fold's verifier judges it, after decoding
+    {"source": "tool:echo", "key_id": None, "signature": None},  # no signature
+    {"message_id": "", "thread_id": ""},  # empty ids
+    {"message_id": "m" * 200_000, "thread_id": "t" * 200_000, "source": "s" * 200_000},  # huge ids
+    {"key_id": "k", "signature": b"\x00" * 64},  # a signature of nobody's
+])
+def test_an_envelope_of_any_claim_is_read_as_fastavro_reads_it(envelope: dict[str, object]) -> None:
+    # The reader decides nothing about authority: it must give the verifier exactly the
+    # envelope fastavro gave it, whatever the envelope claims.
+    record = dataclasses.replace(HI, **envelope)  # type: ignore[arg-type]
+    data = Codec().encode("t", record)
+    header = len(data) - len(_body(record))
+    assert direct_reader(r.Input)(data, header) == fastavro_read(r.Input, data, header) == (record, len(data))
+    assert Codec().decode("t", data, r.Input) == record
