@@ -16,7 +16,6 @@ import torpor.processors.fold.state
 import torpor.processors.models.provider
 import torpor.processors.models.stage
 import torpor.processors.step
-import torpor.processors.store.tables
 import torpor.schemas.codec
 import torpor.schemas.framing
 import torpor.schemas.records
@@ -28,7 +27,7 @@ from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 MODULES = (torpor.schemas.records, torpor.processors.fold.state, torpor.processors.fold.effects,
            torpor.processors.fold.authority, torpor.processors.step, torpor.streams.log,
            torpor.processors.models.provider, torpor.processors.models.stage,
-           torpor.processors.store.tables, torpor.schemas.codec, torpor.schemas.framing,
+           torpor.schemas.codec, torpor.schemas.framing,
            torpor.streams.task)
 REPLACED = tuple(
     value for module in MODULES for value in vars(module).values()

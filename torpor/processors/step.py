@@ -167,17 +167,20 @@ class StepOutput:
     parked: tuple[ParkedInput, ...] = ()
 
 
-@dataclass(slots=True)
 class _Collected:
-    """The step's outputs as they accumulate (local to one `step` call)."""
+    """The step's outputs as they accumulate (local to one `step` call). A plain class, not a
+    dataclass: compiled, it is built without the interpreter (`Draft` says why)."""
 
-    dispatches: list[Dispatch] = dataclasses.field(default_factory=list)
-    loopbacks: list[Input] = dataclasses.field(default_factory=list)
-    events: list[ThreadEvent] = dataclasses.field(default_factory=list)
-    receipts: list[Receipt] = dataclasses.field(default_factory=list)
-    completions: list[RequestCompletion] = dataclasses.field(default_factory=list)
-    parked: list[ParkedInput] = dataclasses.field(default_factory=list)
-    too_large: str | None = None  # an effect that cannot fit one record: the input is refused whole
+    __slots__ = ("completions", "dispatches", "events", "loopbacks", "parked", "receipts", "too_large")
+
+    def __init__(self) -> None:
+        self.dispatches: list[Dispatch] = []
+        self.loopbacks: list[Input] = []
+        self.events: list[ThreadEvent] = []
+        self.receipts: list[Receipt] = []
+        self.completions: list[RequestCompletion] = []
+        self.parked: list[ParkedInput] = []
+        self.too_large: str | None = None  # an effect that cannot fit one record: the input is refused whole
 
 
 def step(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final
 
 from torpor.processors.fold.effects import RequestCompletion
@@ -26,7 +25,6 @@ from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
 from torpor.processors.store.statecodec import decode_entry, decode_request, decode_state, entry_canonical
-from torpor.schemas.frozen import fast_inits
 from torpor.schemas.records import HistoryEntry, SummaryEntry
 
 
@@ -185,13 +183,17 @@ def awaiting_requests(store: Store) -> Iterator[RequestCompletion]:
         yield decode_request(raw)
 
 
-@dataclass(frozen=True, slots=True)
 class _Cached:
-    """A thread's first `length` entries, decoded, and the hash-chain head after them."""
+    """A thread's first `length` entries, decoded, and the hash-chain head after them; never
+    changed once made. A plain class, not a frozen dataclass: compiled, it is built without
+    the interpreter (a dataclass's `__init__` is generated Python even there)."""
 
-    length: int
-    head: str
-    entries: tuple[HistoryEntry, ...]
+    __slots__ = ("entries", "head", "length")
+
+    def __init__(self, length: int, head: str, entries: tuple[HistoryEntry, ...]) -> None:
+        self.length = length
+        self.head = head
+        self.entries = entries
 
 
 POINT_READS_UP_TO: Final = 8
@@ -296,6 +298,3 @@ class HistoryCache:
         entries and evicting others, a moment over the capacity)."""
         return self._entries
 
-
-# Built per input or per completion: a faster __init__, same signature (torpor.schemas.frozen).
-fast_inits(__name__)
