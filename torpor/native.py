@@ -18,7 +18,7 @@ Contract.
   one at a time (a lock file); removes the manifest and every earlier extension, compiles
   `MODULES` in place (a stub `.so` beside each source, the code in one shared library at
   the checkout's root), then writes `MANIFEST`: the interpreter's tag, the SHA-256 of
-  every source the build depends on (`dependencies`: the 21 and every torpor module they
+  every source the build depends on (`dependencies`: the 22 and every torpor module they
   import, since mypyc copies imported constants and types into its C), and the size and
   time of every extension. Needs a C compiler, the Python headers and setuptools (all in
   the lock or on the machine); raises if the build fails.
@@ -60,6 +60,7 @@ MODULES: Final = (
     "torpor.processors.fold.calls",
     "torpor.processors.fold.children",
     "torpor.processors.fold.draft",
+    "torpor.processors.fold.effects",
     "torpor.processors.fold.forks",
     "torpor.processors.fold.history",
     "torpor.processors.fold.inbound",

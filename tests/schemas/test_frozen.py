@@ -45,7 +45,7 @@ def test_every_frozen_record_of_the_hot_modules_has_the_fast_init() -> None:
 
 @pytest.mark.parametrize("cls", REPLACED, ids=lambda cls: cls.__name__)
 def test_the_fast_init_has_the_generated_signature_and_stores_the_same_fields(cls: type) -> None:
-    assert inspect.signature(cls.__init__) == inspect.signature(original_init(cls))
+    assert inspect.signature(cls.__dict__["__init__"]) == inspect.signature(original_init(cls))
     names = [f.name for f in dataclasses.fields(cls)]
     if hasattr(cls, "__post_init__"):  # it validates: the defaults (every such class has them)
         values = [f.default for f in dataclasses.fields(cls)]
@@ -53,6 +53,15 @@ def test_the_fast_init_has_the_generated_signature_and_stores_the_same_fields(cl
     else:
         values = [object() for _ in names]
     fast = cls(**dict(zip(names, values, strict=True)))
+    if not cls.__dataclass_params__.init:  # type: ignore[attr-defined]
+        # An __init__ written for the compiled build (fold.effects): its stores would meet the
+        # frozen __setattr__ here, which is why it was replaced; the fast one stores the fields.
+        generated: object = object.__new__(cls)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            original_init(cls)(generated, *values)
+        for name, value in zip(names, values, strict=True):
+            assert getattr(fast, name) is value
+        return
     generated = object.__new__(cls)
     original_init(cls)(generated, *values)
     for name, value in zip(names, values, strict=True):
@@ -94,7 +103,7 @@ def test_defaults_keyword_only_and_post_init_behave_as_generated() -> None:
         with pytest.raises(ValueError, match="negative"):
             Probe(-1)
         with pytest.raises(TypeError):
-            Probe(1, "b", (3,))  # type: ignore[misc]  # c is keyword-only
+            Probe(1, "b", (3,))  # type: ignore[call-arg]  # c is keyword-only
         with pytest.raises(TypeError):
             Probe()  # type: ignore[call-arg]
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -102,6 +111,58 @@ def test_defaults_keyword_only_and_post_init_behave_as_generated() -> None:
         assert WithFactory().items == []
     finally:
         del sys.modules[module.__name__]
+
+
+def _probe_module(*classes: type) -> types.ModuleType:
+    module = types.ModuleType("frozen_probe_written")
+    for cls in classes:
+        cls.__module__ = module.__name__
+        setattr(module, cls.__name__, cls)
+    sys.modules[module.__name__] = module
+    return module
+
+
+def test_an_init_written_for_the_compiled_build_is_replaced_and_a_wrong_one_refused() -> None:
+    # What fold.effects does: its own __init__ of plain stores (native stores when compiled),
+    # which, run as Python, would meet the frozen __setattr__.
+    @dataclasses.dataclass(frozen=True, slots=True, init=False)
+    class Written:
+        a: int
+        b: str = "b"
+
+        def __init__(self, a: int, b: str = "b") -> None:
+            self.a = a  # type: ignore[misc]
+            self.b = b  # type: ignore[misc]
+
+    @dataclasses.dataclass(frozen=True, slots=True, init=False)
+    class OtherParameters:
+        a: int
+
+        def __init__(self, a: int, extra: int = 0) -> None:
+            self.a = a + extra  # type: ignore[misc]
+
+    @dataclasses.dataclass(frozen=True, slots=True, init=False)
+    class OtherDefault:
+        a: int = 1
+
+        def __init__(self, a: int = 2) -> None:
+            self.a = a  # type: ignore[misc]
+
+    try:
+        module = _probe_module(Written)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            Written(1)  # the body as written, before fast_inits
+        assert fast_inits(module.__name__) == (Written,)
+        assert Written(1) == Written(1, "b") and Written(1, b="c").b == "c"
+        assert inspect.signature(Written.__init__) == inspect.signature(original_init(Written))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            Written(1).a = 2  # type: ignore[misc]
+        for wrong in (OtherParameters, OtherDefault):
+            module = _probe_module(wrong)
+            with pytest.raises(TypeError, match=wrong.__name__):
+                fast_inits(module.__name__)
+    finally:
+        sys.modules.pop("frozen_probe_written", None)
 
 
 def test_records_built_by_the_fast_init_replace_compare_hash_and_pickle_as_before() -> None:

@@ -16,6 +16,13 @@ still called last; the class stays frozen (its `__setattr__` still refuses) and
 (none of the records needs those). `original_init(cls)` returns the replaced one, for
 the test that checks the two agree.
 
+A frozen class of a compiled module may write its own `__init__` of plain attribute stores
+(`init=False`; `torpor.processors.fold.effects` says why). Compiled, that class is native
+(its attributes are not slots) and is left alone; run as Python, those stores would meet
+the frozen `__setattr__`, so its `__init__` is replaced like a generated one. It must take
+exactly the fields, with the fields' defaults: `fast_inits` raises `TypeError` otherwise,
+at import, rather than build a different record.
+
 `slot_copier(cls)`: the same trick for a field-by-field copy of a slotted record.
 """
 
@@ -77,15 +84,23 @@ def _is_eligible(cls: type) -> bool:
     params = getattr(cls, "__dataclass_params__", None)
     if params is None or not params.frozen or "__slots__" not in cls.__dict__:
         return False
+    fields = dataclasses.fields(cls)
+    if not all(isinstance(cls.__dict__.get(f.name), types.MemberDescriptorType) for f in fields):
+        return False  # not slots: a native class of a compiled module, whose own __init__ stays
     # An `InitVar` or an `init=False` field would make the parameters differ from the fields.
-    parameters = list(inspect.signature(cls.__dict__["__init__"]).parameters)[1:]
-    if parameters != [f.name for f in dataclasses.fields(cls)]:
-        return False
-    for f in dataclasses.fields(cls):
-        if not f.init or f.default_factory is not dataclasses.MISSING:
-            return False
-        if not isinstance(cls.__dict__.get(f.name), types.MemberDescriptorType):
-            return False
+    signature = inspect.signature(cls.__dict__["__init__"])
+    same = list(signature.parameters)[1:] == [f.name for f in fields] and all(
+        f.init and f.default_factory is dataclasses.MISSING for f in fields)
+    if params.init:
+        return same
+    # An `__init__` written for the compiled build (module docstring): it cannot run here.
+    if not same:
+        raise TypeError(f"{cls.__name__}.__init__ must take exactly its fields, none with a factory")
+    for f in fields:
+        default = signature.parameters[f.name].default
+        wanted = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        if default is not wanted and default != wanted:
+            raise TypeError(f"{cls.__name__}.__init__: the default of {f.name} is not the field's")
     return True
 
 
