@@ -77,11 +77,17 @@ class Verifier(Protocol):
     def verify(self, record: Input, state: ThreadState | None, at: int | None = None) -> Verdict: ...
 
 
+# What development mode says of an input without a key id (nearly all of them): one frozen
+# value for all, rather than one built per input.
+_NO_KEYRING_UNSIGNED: Final = Verdict(UNSIGNED, NO_KEYRING, None)
+
+
 class SourceVerifier:
     """Development mode: nothing is checked, every input is `unsigned`, `no_keyring`."""
 
     def verify(self, record: Input, state: ThreadState | None, at: int | None = None) -> Verdict:
-        return Verdict(UNSIGNED, NO_KEYRING, record.key_id)
+        key_id = record.key_id
+        return _NO_KEYRING_UNSIGNED if key_id is None else Verdict(UNSIGNED, NO_KEYRING, key_id)
 
 
 class KeyringVerifier:
