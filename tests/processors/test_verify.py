@@ -93,6 +93,26 @@ def test_source_verifier_is_development_mode_and_says_so() -> None:
     assert (verdict.provenance, verdict.reason) == ("unsigned", "no_keyring")
 
 
+@pytest.mark.parametrize(("source", "key_id", "signature"), [
+    ("processor", None, None),  # claims the processor, signs nothing
+    ("connector:shell", "", bytes(64)),  # an empty key id, a signature of nobody's
+    ("operator", "k" * 200_000, b"\x01" * 64),  # a huge key id
+    ("user:u", "gateway-1", None),  # a key id without a signature
+])
+def test_source_verifier_says_the_same_whatever_an_input_claims(
+        source: str, key_id: str | None, signature: bytes | None) -> None:
+    # Development mode shares one verdict between the inputs without a key id: every input,
+    # whatever it claims, is judged `unsigned`, `no_keyring`, with its own key id.
+    _, state, pending = _waiting_world()
+    record = dataclasses.replace(_input(result("c1", pending["c1"].request_id), source=source),
+                                 key_id=key_id, signature=signature)
+    verdicts = [SourceVerifier().verify(record, state), SourceVerifier().verify(record, None)]
+    for verdict in verdicts:
+        assert (verdict.provenance, verdict.reason, verdict.key_id) == ("unsigned", "no_keyring", key_id)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # a shared verdict no caller can change
+        verdicts[0].key_id = "other"  # type: ignore[misc]
+
+
 def test_a_correctly_signed_result_for_a_pending_call_is_verified() -> None:
     _, state, pending = _waiting_world()
     record = signing.sign(_input(result("c1", pending["c1"].request_id)), "tools-1", KEY)
