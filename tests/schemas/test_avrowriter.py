@@ -42,9 +42,20 @@ def test_a_long_is_zigzag_varint_as_fastavro_writes_it(value: int) -> None:
     assert long_bytes(value) == out.getvalue()
 
 
+@pytest.mark.parametrize("value", [63, 64, -64, -65, 2**55 - 1, 2**55, -(2**55), -(2**55) - 1,
+                                   2**62, -(2**62) - 1, 2**63 - 1, -(2**63)])
+def test_a_long_at_each_edge_of_the_fast_path_is_written_as_fastavro_writes_it(value: int) -> None:
+    # `long_bytes` does machine-word arithmetic within 2**55 when compiled, and leaves the
+    # range check to the slow path beyond it.
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, "long", value)
+    assert long_bytes(value) == out.getvalue()
+
+
 def test_a_long_out_of_range_is_not_written() -> None:
-    with pytest.raises(NotWritable):
-        long_bytes(2**63)
+    for value in (2**63, -(2**63) - 1, 2**80):
+        with pytest.raises(NotWritable):
+            long_bytes(value)
 
 
 def test_a_value_of_another_type_than_its_schema_is_left_to_fastavro() -> None:

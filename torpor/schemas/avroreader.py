@@ -4,7 +4,10 @@
 holds it) and its record class into a function `read(data, pos) -> (record, end)`: the
 record fastavro's `schemaless_reader` followed by `convert.plan_for(cls).from_avro` gives
 for the same bytes, without the intermediate dict and without fastavro walking the schema
-again for every record: 6.2 us per input of the bench workload's mix instead of 13.3.
+again for every record (which took 13.3 us per input of the bench workload's mix). Like
+the writers (`avrowriter`), the readers are objects of this module's compiled classes, a
+record's reader walking its list of fields: a `Receipt` in 2.4 us, where the Python
+source generated per record class before stop 30 took 5.2.
 
 It reads only bytes written with this very schema (the codec calls it when the writer's
 fingerprint is the reader's) and only the subset `avrowriter` writes: records, arrays,
@@ -69,7 +72,7 @@ def record_reader(parsed: dict[str, object], cls: type) -> Read:
     """The reader of records of `cls` under the parsed record schema `parsed` (module docstring)."""
     named = parsed.get("__named_schemas", {})
     assert isinstance(named, dict)
-    return _record(parsed, cls, _Named(named, _classes_of(cls)))
+    return _record(parsed, cls, _Named(named, _classes_of(cls))).read
 
 
 class _Named:
@@ -79,7 +82,7 @@ class _Named:
     def __init__(self, schemas: dict[str, object], classes: dict[str, type]) -> None:
         self.schemas = schemas
         self.classes = classes
-        self.built: dict[str, Read] = {}
+        self.built: dict[str, _Reader] = {}
         self.building: set[str] = set()  # the records whose fields are being read
 
 
@@ -106,7 +109,14 @@ def _classes_of(cls: type) -> dict[str, type]:
     return found
 
 
-def _reader(schema: object, named: _Named) -> Read:
+class _Reader:
+    """Reads a value of one schema at a position: `(value, the position after it)`."""
+
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        raise NotImplementedError
+
+
+def _reader(schema: object, named: _Named) -> _Reader:
     kind, part = kind_of(schema, named.schemas)
     if kind == "record":
         return _record(part, None, named)
@@ -117,7 +127,7 @@ def _reader(schema: object, named: _Named) -> Read:
     if kind == "array":
         if not _takes_a_byte(part, named, set()):
             raise NotReadable(f"array of {part!r}: an item may take no bytes")
-        return _array(_reader(part, named))
+        return _Array(_reader(part, named))
     raise NotReadable(f"schema {schema!r}")
 
 
@@ -126,7 +136,7 @@ def _is_record(schema: object, named: _Named) -> bool:
 
 
 def _takes_a_byte(schema: object, named: _Named, seen: set[str]) -> bool:
-    """Whether every value of `schema` is at least one byte long (what `_array` relies on)."""
+    """Whether every value of `schema` is at least one byte long (what `_Array` relies on)."""
     kind, part = kind_of(schema, named.schemas)
     if kind == "primitive":
         return part != "null"
@@ -140,7 +150,7 @@ def _takes_a_byte(schema: object, named: _Named, seen: set[str]) -> bool:
     return kind in ("union", "array")  # a branch index; the block count that ends an array
 
 
-def _primitive(kind: str) -> Read:
+def _primitive(kind: str) -> _Reader:
     found = _PRIMITIVES.get(kind)
     if found is None:
         raise NotReadable(f"type {kind!r}")
@@ -155,46 +165,114 @@ def _length(data: bytes, pos: int) -> tuple[int, int]:
     return n, pos
 
 
-def _read_string(data: bytes, pos: int) -> tuple[object, int]:
+def _read_string(data: bytes, pos: int) -> tuple[str, int]:
     n, pos = _length(data, pos)
     try:
-        return str(data[pos:pos + n], "utf-8"), pos + n
+        return data[pos:pos + n].decode("utf-8"), pos + n
     except UnicodeDecodeError:
         raise NotReadable("not UTF-8") from None
 
 
-def _read_bytes(data: bytes, pos: int) -> tuple[object, int]:
-    n, pos = _length(data, pos)
-    return bytes(data[pos:pos + n]), pos + n
+class _String(_Reader):
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        return _read_string(data, pos)
 
 
-def _read_boolean(data: bytes, pos: int) -> tuple[object, int]:
-    if pos >= len(data) or data[pos] > 1:
-        raise NotReadable("boolean")
-    return data[pos] == 1, pos + 1
+class _Long(_Reader):
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        return read_long(data, pos)
 
 
-def _read_null(data: bytes, pos: int) -> tuple[object, int]:
-    return None, pos
+class _Bytes(_Reader):
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        n, pos = _length(data, pos)
+        return bytes(data[pos:pos + n]), pos + n
 
 
-def _read_double(data: bytes, pos: int) -> tuple[object, int]:
-    if pos + 8 > len(data):
-        raise NotReadable("truncated double")
-    return _DOUBLE(data, pos)[0], pos + 8
+class _Boolean(_Reader):
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        if pos >= len(data) or data[pos] > 1:
+            raise NotReadable("boolean")
+        return data[pos] == 1, pos + 1
 
 
-_PRIMITIVES: Final[dict[str, Read]] = {"string": _read_string, "long": read_long, "boolean": _read_boolean,
-                                       "null": _read_null, "double": _read_double, "bytes": _read_bytes}
+class _Null(_Reader):
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        return None, pos
 
 
-def _record(schema: object, cls: type | None, named: _Named) -> Read:
-    """A record's reader: generated source, one statement group per field (as `avrowriter`
-    writes them), strings and longs read inline, the others through their own readers."""
+class _Double(_Reader):
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        if pos + 8 > len(data):
+            raise NotReadable("truncated double")
+        return _DOUBLE(data, pos)[0], pos + 8
+
+
+_PRIMITIVES: Final[dict[str, _Reader]] = {"string": _String(), "long": _Long(), "boolean": _Boolean(),
+                                          "null": _Null(), "double": _Double(), "bytes": _Bytes()}
+
+# How a record reads a field: strings and longs (alone or with null) inline, the others
+# (`_OTHER`) through the field's own reader.
+_OPTIONAL_STRING: Final = 0  # a union of null and string, either order
+_OPTIONAL_LONG: Final = 1  # (the two optional kinds first: `_Record.read` tests `<=`)
+_STRING: Final = 2
+_LONG: Final = 3
+_OTHER: Final = 4
+
+
+class _Field:
+    """How one field of a record is read; for a union of null and one type, the bytes
+    its two branch indexes are written as (0 and 2: one byte each)."""
+
+    def __init__(self, kind: int, null_byte: int = -1, tag_byte: int = -1,
+                 reader: _Reader | None = None) -> None:
+        self.kind = kind
+        self.null_byte = null_byte
+        self.tag_byte = tag_byte
+        self.reader = reader
+
+
+class _Record(_Reader):
+    """A record's reader: its fields in order, then the record built from them."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.fields: list[_Field] = []
+
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        values: list[object] = []
+        for field in self.fields:
+            kind = field.kind
+            value: object
+            if kind <= _OPTIONAL_LONG:
+                # Past the end, `data[pos]` raises IndexError: the codec treats it as any
+                # other failure here.
+                tag = data[pos]
+                pos += 1
+                if tag == field.null_byte:
+                    values.append(None)
+                    continue
+                if tag != field.tag_byte:
+                    raise NotReadable("union index")
+                kind = _STRING if kind == _OPTIONAL_STRING else _LONG
+            if kind == _STRING:
+                value, pos = _read_string(data, pos)
+            elif kind == _LONG:
+                value, pos = read_long(data, pos)
+            else:
+                reader = field.reader
+                assert reader is not None
+                value, pos = reader.read(data, pos)
+            values.append(value)
+        return self.cls(*values), pos
+
+
+def _record(schema: object, cls: type | None, named: _Named) -> _Reader:
     assert isinstance(schema, dict)
     full_name = str(schema["name"])
-    if full_name in named.built:
-        return named.built[full_name]
+    found = named.built.get(full_name)
+    if found is not None:
+        return found
     if full_name in named.building:
         # A record that holds itself: a hostile body could nest it until Python's stack
         # ran out, here or in fastavro (which crashes the process at some thousands of
@@ -208,48 +286,33 @@ def _record(schema: object, cls: type | None, named: _Named) -> Read:
     assert isinstance(fields, list)
     if [str(f["name"]) for f in fields] != [f.name for f in dataclasses.fields(record_cls)]:
         raise NotReadable(f"{full_name}: the schema's fields are not the class's")
-    namespace: dict[str, object] = {"NotReadable": NotReadable, "_long": read_long, "_cls": record_cls,
-                                    "_len": len, "_str": str}
-    lines = ["def read(data, pos):", "    size = _len(data)"]
-    deferred: list[tuple[str, object]] = []
-    for index, field in enumerate(fields):
-        lines.extend("    " + line for line in _inline(field["type"], f"f{index}", f"_r{index}", deferred))
-    args = ", ".join(f"f{index}" for index in range(len(fields)))
-    lines.append(f"    return _cls({args}), pos")
-    class_name = full_name.rsplit(".", 1)[-1]
-    exec(compile("\n".join(lines) + "\n", f"<torpor avro reader {class_name}>", "exec"), namespace)
-    read = typing.cast(Read, namespace["read"])
-    for reader_name, field_schema in deferred:
-        namespace[reader_name] = _reader(field_schema, named)
+    record = _Record(record_cls)
+    for field in fields:
+        record.fields.append(_field(field["type"], named))
     named.building.discard(full_name)
-    named.built[full_name] = read
-    return read
+    named.built[full_name] = record
+    return record
 
 
-def _inline(schema: object, local: str, reader_name: str, deferred: list[tuple[str, object]]) -> list[str]:
-    """Statements reading a value of type `schema` at `pos` into `local`, advancing `pos`."""
-    if schema == "long":
-        # One byte holds a value in -64..63: most longs and lengths; `data[pos]` past the
-        # end raises IndexError, which the codec treats as any other failure here.
-        return ["b = data[pos]", "if b < 128:", f"    {local} = (b >> 1) ^ -(b & 1)", "    pos += 1",
-                "else:", f"    {local}, pos = _long(data, pos)"]
+def _field(schema: object, named: _Named) -> _Field:
     if schema == "string":
-        return [*_inline("long", "n", reader_name, deferred),
-                "if n < 0 or pos + n > size:", "    raise NotReadable('bad length')",
-                f"{local} = _str(data[pos:pos + n], 'utf-8')", "pos += n"]
-    if isinstance(schema, list) and len(schema) == 2 and "null" in schema and (
-            schema[1 - schema.index("null")] in ("string", "long")):
-        null_tag, tag = schema.index("null"), 1 - schema.index("null")
-        inner = _inline(schema[tag], local, reader_name, deferred)
-        return ["b = data[pos]", "pos += 1", f"if b == {2 * null_tag}:", f"    {local} = None",
-                f"elif b == {2 * tag}:", *("    " + line for line in inner),
-                "else:", "    raise NotReadable('union index')"]
-    deferred.append((reader_name, schema))
-    return [f"{local}, pos = {reader_name}(data, pos)"]
+        return _Field(_STRING)
+    if schema == "long":
+        return _Field(_LONG)
+    if isinstance(schema, list) and len(schema) == 2 and "null" in schema:
+        null_index = schema.index("null")
+        other = schema[1 - null_index]
+        if other in ("string", "long"):
+            kind = _OPTIONAL_STRING if other == "string" else _OPTIONAL_LONG
+            return _Field(kind, 2 * null_index, 2 * (1 - null_index))  # zig-zag: 0 and 2
+    return _Field(_OTHER, reader=_reader(schema, named))
 
 
-def _array(item: Read) -> Read:
-    def read(data: bytes, pos: int) -> tuple[object, int]:
+class _Array(_Reader):
+    def __init__(self, item: _Reader) -> None:
+        self.item = item
+
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
         items: list[object] = []
         while True:
             count, pos = read_long(data, pos)
@@ -260,22 +323,23 @@ def _array(item: Read) -> Read:
             if count < 0 or count > len(data) - pos:
                 raise NotReadable("bad array block")
             for _ in range(count):
-                value, pos = item(data, pos)
+                value, pos = self.item.read(data, pos)
                 items.append(value)
 
-    return read
+
+class _Union(_Reader):
+    def __init__(self, readers: list[_Reader]) -> None:
+        self.readers = readers
+
+    def read(self, data: bytes, pos: int) -> tuple[object, int]:
+        index, pos = read_long(data, pos)
+        if not 0 <= index < len(self.readers):
+            raise NotReadable("union index")
+        return self.readers[index].read(data, pos)
 
 
-def _union(branches: list[object], named: _Named) -> Read:
+def _union(branches: list[object], named: _Named) -> _Reader:
     others = [branch for branch in branches if branch != "null"]
     if len(others) > 1 and not all(_is_record(branch, named) for branch in others):
         raise NotReadable(f"union {branches!r}: only null and one type, or records")
-    readers = [_reader(branch, named) for branch in branches]
-
-    def read(data: bytes, pos: int) -> tuple[object, int]:
-        index, pos = read_long(data, pos)
-        if not 0 <= index < len(readers):
-            raise NotReadable("union index")
-        return readers[index](data, pos)
-
-    return read
+    return _Union([_reader(branch, named) for branch in branches])
