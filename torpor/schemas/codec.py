@@ -412,6 +412,18 @@ class Codec:
         (truncated, trailing bytes, an unknown union branch, an unresolvable writer
         schema). Raises `RetriableError` if the registry cannot be reached.
         """
+        codec = self._class(cls)
+        header = codec.single_object_header
+        if codec.reader is not None and type(data) is bytes and data.startswith(header):
+            # The common case: framed with the current schema of `cls`, so the writer's
+            # fingerprint is the reader's (`decode_body`'s fast path, without the frame and
+            # catalog lookups). Any failure is judged again below, where it is reported.
+            try:
+                value, end = codec.reader(data, len(header))
+                if end == len(data) and isinstance(value, cls):
+                    return value
+            except Exception:
+                pass
         frame = framing.unframe(data, topic=topic, partition=partition, offset=offset)
         if isinstance(frame, framing.SingleObjectFrame):
             writer = self._catalog.by_fingerprint.get(frame.fingerprint)
