@@ -17,8 +17,9 @@ from typing import Final
 
 import pytest
 
-from bench import figures, infinity, kafka, local
+from bench import codecs, figures, infinity, kafka, local
 from bench.passthrough import apportion
+from torpor.schemas.codec import default_codec
 
 REPO: Final = Path(__file__).resolve().parents[2]
 AGENTS: Final = 20
@@ -195,3 +196,22 @@ def test_stage_benchmark_serves_every_request_of_every_round(model: str) -> None
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"stage ({model}): 10 completions" in done.stdout
+
+
+def test_codecs_benchmark_times_every_record_it_round_trips() -> None:
+    args = [sys.executable, "-m", "bench.codecs", "--times", "10", "--repeat", "1"]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    assert [row[0] for row in rows[1:]] == [f"| {name}" for name in codecs.workload_records()]
+    for row in rows[1:]:  # the framed size, then four positive timings
+        assert int(row[1]) > 0 and all(float(cell.strip(" |")) > 0 for cell in row[2:])
+
+
+def test_codecs_benchmark_records_are_the_workload_s_and_round_trip() -> None:
+    codec = default_codec()
+    for record in codecs.workload_records().values():
+        size, figures_us = codecs.measure(codec, record, times=1, repeat=1)
+        assert size == len(codec.encode("bench", record)) and len(figures_us) == 4

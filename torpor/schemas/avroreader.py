@@ -6,8 +6,8 @@ record fastavro's `schemaless_reader` followed by `convert.plan_for(cls).from_av
 for the same bytes, without the intermediate dict and without fastavro walking the schema
 again for every record (which took 13.3 us per input of the bench workload's mix). Like
 the writers (`avrowriter`), the readers are objects of this module's compiled classes, a
-record's reader walking its list of fields: a `Receipt` in 2.4 us, where the Python
-source generated per record class before stop 30 took 5.2.
+record's reader walking its list of fields: a `Receipt` in 2.3 us, where the Python
+source generated per record class before stop 30 took 5.2 (`python -m bench.codecs`).
 
 It reads only bytes written with this very schema (the codec calls it when the writer's
 fingerprint is the reader's) and only the subset `avrowriter` writes: records, arrays,

@@ -18,9 +18,10 @@ that record with fastavro instead: same bytes or the same error as before, by co
 The writers are objects of this module's classes, which mypyc compiles
 (`torpor.native.MODULES`): a record's writer walks its list of fields, strings, longs and
 booleans (alone or with null) written inline, the other fields through their own
-writers. Compiled, that writes the bench workload's records 2.6-2.8 times faster than
-the Python source generated per record class before (stop 30: a `Receipt` in 1.7 us
-instead of 4.5); run as Python (`TORPOR_PURE=1`), about 1.6 times slower than that source.
+writers. Compiled, that writes the bench workload's records 2.7-2.9 times faster than
+the Python source generated per record class before (`python -m bench.codecs`, stop 30: a
+`Receipt` in 1.5 us instead of 4.3); run as Python (`TORPOR_PURE=1`), 1.6-1.8 times
+slower than that source.
 """
 
 from __future__ import annotations
