@@ -274,6 +274,19 @@ class _ClassCodec:
     reader: Callable[[bytes, int], tuple[object, int]] | None = None
 
 
+def _read_straight(codec: _ClassCodec, data: bytes, start: int, cls: type[T]) -> T | None:
+    """The record of `cls` the direct reader reads from ``data[start:]``, or None: no direct
+    reader, or bytes it does not read whole (any exception included). The caller's general
+    path then reads them with fastavro, and reports what it finds wrong."""
+    if codec.reader is None:
+        return None
+    try:
+        value, end = codec.reader(data, start)
+    except Exception:
+        return None
+    return value if end == len(data) and isinstance(value, cls) else None
+
+
 class Codec:
     """Encoder and decoder for one process, configured once.
 
@@ -414,16 +427,13 @@ class Codec:
         """
         codec = self._class(cls)
         header = codec.single_object_header
-        if codec.reader is not None and type(data) is bytes and data.startswith(header):
+        if type(data) is bytes and data.startswith(header):
             # The common case: framed with the current schema of `cls`, so the writer's
             # fingerprint is the reader's (`decode_body`'s fast path, without the frame and
             # catalog lookups). Any failure is judged again below, where it is reported.
-            try:
-                value, end = codec.reader(data, len(header))
-                if end == len(data) and isinstance(value, cls):
-                    return value
-            except Exception:
-                pass
+            found = _read_straight(codec, data, len(header), cls)
+            if found is not None:
+                return found
         frame = framing.unframe(data, topic=topic, partition=partition, offset=offset)
         if isinstance(frame, framing.SingleObjectFrame):
             writer = self._catalog.by_fingerprint.get(frame.fingerprint)
@@ -460,15 +470,12 @@ class Codec:
         """
         codec = self._class(cls)
         reader = codec.schema
-        if codec.reader is not None and writer.fingerprint == reader.fingerprint:
+        if writer.fingerprint == reader.fingerprint:
             # The common case, read straight into the record. Any failure (malformed bytes
             # included) goes the fastavro way below: same value, or the DecodeError it gives.
-            try:
-                value, end = codec.reader(data, start)
-                if end == len(data) and isinstance(value, cls):
-                    return value
-            except Exception:  # judged again below, where the error is reported
-                pass
+            found = _read_straight(codec, data, start, cls)
+            if found is not None:
+                return found
         buf = io.BytesIO(data)
         buf.seek(start)
         try:
