@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torpor.streams.log import InProcessLog, LogTopic, partition_of
 from torpor.streams.partitioner import partition_for
@@ -19,6 +21,14 @@ def test_keyed_records_land_on_the_murmur2_partition_in_offset_order() -> None:
     assert [r.value for r in log.read(TOPIC, expected, 1)] == ["v1", "v2"]
     assert [r.value for r in log.read(TOPIC, expected, 0, max_records=1)] == ["v0"]
     assert log.end_offset(TOPIC, expected) == 3
+
+
+@given(key=st.text() | st.binary(), partitions=st.integers(min_value=1, max_value=64))
+def test_partition_of_is_murmur2_for_every_partition_count_one_included(
+    key: str | bytes, partitions: int
+) -> None:
+    raw = key.encode("utf-8") if isinstance(key, str) else key
+    assert partition_of(LogTopic[str]("t", partitions), key) == partition_for(raw, partitions)
 
 
 def test_an_explicit_partition_wins_over_the_key() -> None:

@@ -9,7 +9,8 @@ to do (or a deadline passes):
 2. commit: append the step's outputs to the log (outbox, loopback inputs, events,
    receipts, parked), then apply the overlay to the store in one batch with the input
    offset it reaches; only now is anything visible;
-3. after the commit: hand the completion requests to the model stage and the new outbox
+3. after the commit: hand the history the step appended to the stages' history cache
+   (`HistoryCache.extend`), the completion requests to the model stage and the new outbox
    records to the connectors (`Connectors.submit`), which answer later through the log.
 
 Idle means: no unread input, no model call in flight, no connector `busy` (a tool
@@ -171,6 +172,7 @@ class LocalRuntime:
         self._positions = [0] * self.config.partitions  # next input offset to fold
         self._outbox_positions = [0] * self.config.partitions  # next dispatch to hand out
         self._stages: list[ModelStage] | None = None
+        self._histories: HistoryCache | None = None
         self._wake: asyncio.Event | None = None
 
     def _open_store(self, partition: int) -> Store:
@@ -215,6 +217,7 @@ class LocalRuntime:
         if self._stages is None:
             self._wake = asyncio.Event()
             histories = HistoryCache(self.config.stage.history_cache_entries)  # one for all partitions
+            self._histories = histories
             self._stages = [
                 ModelStage(store, self._provider, self, self.clock, self.config.stage, histories)
                 for store in self.stores
@@ -222,6 +225,11 @@ class LocalRuntime:
             for stage in self._stages:
                 stage.resume()  # threads left awaiting the model by an earlier run
         return self._stages
+
+    @property
+    def history_cache(self) -> HistoryCache | None:
+        """The stages' history cache (None until the loop starts): for metrics and tests."""
+        return self._histories
 
     def is_idle(self) -> bool:
         stages = self._ensure_started()
@@ -267,6 +275,9 @@ class LocalRuntime:
             overlay = Overlay(self.stores[partition])
             output = step(overlay, records, verifier=self._verifier, default_config=self._default_config)
             self._commit(partition, overlay, output, next_offset=batch[-1].offset + 1)
+            if self._histories is not None:  # committed: the stage need not read these rows back
+                for appended in output.appended:
+                    self._histories.extend(appended)
             for request in output.completions:
                 stages[partition].submit(request)
         self._hand_out_dispatches()

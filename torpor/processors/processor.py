@@ -56,7 +56,7 @@ from torpor.processors.outputs import OutputWriter
 from torpor.processors.restoring import RocksTarget
 from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store.kv import Overlay, RocksStore, StoreOffsets
-from torpor.processors.store.tables import HistoryCache
+from torpor.processors.store.tables import HistoryAppend, HistoryCache
 from torpor.processors.storedirs import partition_dir
 from torpor.processors.trust import trust_for
 from torpor.schemas.codec import Codec
@@ -238,6 +238,7 @@ class ThreadTask:
         self._target = RocksTarget(partition_dir(processor.config.store_dir, partition))
         self._overlay: Overlay | None = None
         self._requests: list[RequestCompletion] = []
+        self._appended: list[HistoryAppend] = []  # for the stage's history cache, after the commit
         # What the open checkpoint folded here, held for the observer until it commits.
         self._steps: list[StepOutput] = []
         self._poisoned = 0
@@ -283,6 +284,7 @@ class ThreadTask:
                 out.extend(produced)
                 changes.extend(result.changes)
                 self._requests.extend(result.completions)
+                self._appended.extend(result.appended)
                 if observed:
                     self._steps.append(result)
                 run.clear()
@@ -318,6 +320,7 @@ class ThreadTask:
             self._overlay.commit(StoreOffsets(offsets.changelog_offset, offsets.input_offset))
             self._overlay = None
         requests, self._requests = self._requests, []
+        appended, self._appended = self._appended, []
         steps, self._steps, poisoned, self._poisoned = self._steps, [], self._poisoned, 0
         observer = self._processor.observer
         if observer is not None:
@@ -327,13 +330,16 @@ class ThreadTask:
         if stage is not None and requests:
             # Committed now: the model may run (DESIGN 5). One hand-over per checkpoint,
             # not per request: each wakes the stage's loop across threads.
-            self._processor.stages.call(functools.partial(_submit_all, stage, requests))
+            # The cache is the stage thread's: it learns what was appended there, first.
+            self._processor.stages.call(functools.partial(
+                _submit_all, stage, requests, appended, self._processor.histories))
 
     def abort(self) -> None:
         if self._overlay is not None:
             self._overlay.abort()
             self._overlay = None
         self._requests = []
+        self._appended = []
         self._steps, self._poisoned = [], 0
 
     def wipe(self) -> None:
@@ -352,7 +358,10 @@ class ThreadTask:
         return self.stage.in_flight if self.stage is not None else 0
 
 
-def _submit_all(stage: ModelStage, requests: Sequence[RequestCompletion]) -> None:
+def _submit_all(stage: ModelStage, requests: Sequence[RequestCompletion],
+                appended: Sequence[HistoryAppend], histories: HistoryCache) -> None:
+    for each in appended:
+        histories.extend(each)
     for request in requests:
         stage.submit(request)
 

@@ -70,13 +70,14 @@ from torpor.processors.fold.effects import (
     RequestCompletion,
     SpawnChild,
 )
-from torpor.processors.fold.state import Facts, Status, ThreadState, Transition
+from torpor.processors.fold.state import GENESIS_HEAD, Facts, Status, ThreadState, Transition
 from torpor.processors.fold.transitions import fold, park_on_failure, refuse_at_door, refuse_whole
 from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
 from torpor.processors.store.statecodec import WITHOUT_CONFIG, encode_entry, encode_request, encode_state_rows
 from torpor.processors.store.tables import (
+    HistoryAppend,
     is_seen_in,
     load_state,
     read_prefix_within,
@@ -169,6 +170,9 @@ class StepOutput:
     `loopbacks`: inputs for the `inputs` topic (children, parents, the thread itself).
     `events` and `receipts`: their topics (one receipt per input). `completions`: work
     for the model stage, to run only after the commit. `parked`: inputs whose fold failed.
+    `appended`: per folded input that appended history, its entries and chain heads, for
+    the model stage's `HistoryCache.extend` once the checkpoint is committed (not a write:
+    the rows are in `changes`).
     """
 
     changes: tuple[Change, ...] = ()
@@ -178,13 +182,15 @@ class StepOutput:
     receipts: tuple[Receipt, ...] = ()
     completions: tuple[RequestCompletion, ...] = ()
     parked: tuple[ParkedInput, ...] = ()
+    appended: tuple[HistoryAppend, ...] = ()
 
 
 class _Collected:
     """The step's outputs as they accumulate (local to one `step` call). A plain class, not a
     dataclass: compiled, it is built without the interpreter (`Draft` says why)."""
 
-    __slots__ = ("completions", "dispatches", "events", "loopbacks", "parked", "receipts", "too_large")
+    __slots__ = ("appended", "completions", "dispatches", "events", "loopbacks", "parked", "receipts",
+                 "too_large")
 
     def __init__(self) -> None:
         self.dispatches: list[Dispatch] = []
@@ -193,6 +199,7 @@ class _Collected:
         self.receipts: list[Receipt] = []
         self.completions: list[RequestCompletion] = []
         self.parked: list[ParkedInput] = []
+        self.appended: list[HistoryAppend] = []
         self.too_large: str | None = None  # an effect that cannot fit one record: the input is refused whole
 
 
@@ -234,6 +241,7 @@ def step(
         receipts=tuple(out.receipts),
         completions=tuple(out.completions),
         parked=tuple(out.parked),
+        appended=tuple(out.appended),
     )
 
 
@@ -399,6 +407,7 @@ def _merge(out: _Collected, mark: _Collected) -> None:
     out.events.extend(mark.events)
     out.receipts.extend(mark.receipts)
     out.completions.extend(mark.completions)
+    out.appended.extend(mark.appended)
 
 
 def _interpret(
@@ -415,10 +424,12 @@ def _interpret(
         _delete_thread(rows, thread_id)
     requested: RequestCompletion | None = None
     remember: bytes | None = None
+    appended: list[HistoryEntry] = []
     for effect in transition.effects:
         match effect:
             case AppendHistory(entry=entry, canonical=canonical):
                 rows.put(keys.history_key(thread_id, entry.seq), encode_entry(entry, canonical))
+                appended.append(entry)
                 if isinstance(entry.body, SummaryEntry):
                     rows.put(keys.summary_key(thread_id), keys.encode_seq(entry.seq))
             case RememberInput(message_id=message_id):
@@ -450,6 +461,24 @@ def _interpret(
     if remember is not None:
         rows.put(remember, with_sender(seen_row if known_seen else rows.get(remember), sender))
     _write_state(rows, thread_id, before, transition.state, requested)
+    if appended:
+        _hand_over_appended(thread_id, before, transition.state, appended, out)
+
+
+def _hand_over_appended(thread_id: str, before: ThreadState | None, after: ThreadState | None,
+                        appended: list[HistoryEntry], out: _Collected) -> None:
+    """Record the entries this input appended for `HistoryCache.extend`, when they extend the
+    state's history exactly: from where `before`'s ended (its head) to where `after`'s ends."""
+    first, last = appended[0].seq, appended[-1].seq
+    if after is None or after.history_len != last + 1 or last - first + 1 != len(appended):
+        return
+    if first == 0:
+        head_before = GENESIS_HEAD
+    elif before is not None and before.history_len == first:
+        head_before = before.head
+    else:
+        return
+    out.appended.append(HistoryAppend(thread_id, first, tuple(appended), head_before, after.head))
 
 
 _copy_receipt: Final = slot_copier(Receipt)

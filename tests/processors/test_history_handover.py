@@ -1,0 +1,241 @@
+"""The step's appended history handed to the model stage's cache (`HistoryCache.extend`).
+
+What is checked: after any sequence of folded inputs whose appends were handed over, the
+cache serves exactly what the store holds (`visible_entries`), and a handed-over append
+spares the stage reading those rows back; an append that does not extend the cached prefix
+exactly (another length, another head, a summary, a thread not held) changes nothing the
+cache serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
+from tests.processors.fold_scenarios import call, completion, config, control, create, result, user
+from torpor.processors.fold.history import chain
+from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
+from torpor.processors.models.provider import CompletionRequest, ModelOutput
+from torpor.processors.step import StepOutput, StepRecord, step
+from torpor.processors.store import keys
+from torpor.processors.store.kv import Change, MemoryStore
+from torpor.processors.store.tables import HistoryAppend, HistoryCache, load_state, visible_entries
+from torpor.schemas.records import HistoryEntry, Input, InputBody, SummaryEntry, TextBlock, UserEntry
+
+THREAD = "t1"
+CONFIG = config()
+
+
+@dataclass
+class CountingStore:
+    """A `MemoryStore` that counts the history rows read from it."""
+
+    inner: MemoryStore = field(default_factory=MemoryStore)
+    history_reads: int = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        if key.startswith(keys.history_prefix(THREAD)):
+            self.history_reads += 1
+        return self.inner.get(key)
+
+    def iterate(self, start: bytes, end: bytes | None = None):  # type: ignore[no-untyped-def]
+        if start.startswith(keys.history_prefix(THREAD)):
+            self.history_reads += 1
+        return self.inner.iterate(start, end)
+
+    def apply(self, changes: list[Change] | tuple[Change, ...]) -> None:
+        self.inner.apply(changes)
+
+
+class Thread:
+    """Drives thread t1 through the fold, numbering its inputs."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.offset = 0
+
+    def fold(self, body: InputBody, source: str = "user:u") -> StepOutput:
+        self.offset += 1
+        item = Input(f"m-{self.offset}", THREAD, 1_000 + self.offset, source, None, None, None, body)
+        return step(self.store, [StepRecord(item, 0, self.offset)])
+
+    def answer(self, reply: str, with_call: bool) -> StepOutput:
+        """The model's completion of the pending request, if there is one (else a stray one)."""
+        state = load_state(self.store, THREAD)
+        request_id = state.pending_request if state is not None and state.pending_request else "r-none"
+        calls = (call(f"c-{self.offset}", "search", {"q": "x"}),) if with_call else ()
+        return self.fold(completion(request_id, reply, calls), source="processor")
+
+    def tool_result(self) -> StepOutput:
+        """The connector's answer to the first pending tool call, if there is one."""
+        state = load_state(self.store, THREAD)
+        pending = state.pending_calls if state is not None else ()
+        if not pending:
+            return self.fold(user("no call was pending"))
+        return self.fold(result(pending[0].call_id, pending[0].request_id), source="connector:tools")
+
+
+def _served_as_stored(cache: HistoryCache, store: MemoryStore) -> None:
+    state = load_state(store, THREAD)
+    if state is None:
+        return
+    served = cache.visible(store, state, state.history_len)
+    assert served == visible_entries(store, THREAD, 0, state.history_len)
+
+
+MOVES = st.lists(st.sampled_from(["create", "user", "answer", "answer+call", "result", "delete"]),
+                 max_size=14)
+
+
+@settings(max_examples=60, deadline=None)
+@given(moves=MOVES, hand_over=st.lists(st.booleans(), min_size=14, max_size=14))
+def test_after_any_folds_handed_over_or_not_the_cache_serves_what_the_store_holds(
+    moves: list[str], hand_over: list[bool]
+) -> None:
+    store = MemoryStore()
+    thread = Thread(store)
+    cache = HistoryCache(capacity=10_000)
+    for move, handed in zip(moves, hand_over, strict=False):
+        if move == "create":
+            out = thread.fold(create(CONFIG, initial="start"))
+        elif move == "user":
+            out = thread.fold(user(f"text {thread.offset}"))
+        elif move.startswith("answer"):
+            out = thread.answer(f"reply {thread.offset}", with_call=move.endswith("call"))
+        elif move == "result":
+            out = thread.tool_result()
+        else:
+            out = thread.fold(control("delete"), source="operator:o")
+        if handed:  # a checkpoint whose hand-over is skipped: the cache must still be right
+            for appended in out.appended:
+                cache.extend(appended)
+        _served_as_stored(cache, store)
+
+
+def test_a_handed_over_turn_is_served_without_reading_its_rows_back() -> None:
+    counting = CountingStore()
+    thread = Thread(counting.inner)
+    cache = HistoryCache(capacity=1_000)
+    thread.fold(create(CONFIG, initial="start"))
+    state = load_state(counting.inner, THREAD)
+    assert state is not None
+    cache.visible(counting, state, state.history_len)  # the thread is held from now on
+    for with_call in (True, False):
+        handed = thread.answer("a reply", with_call)
+        assert handed.appended and all(a.thread_id == THREAD for a in handed.appended)
+        for appended in handed.appended:
+            cache.extend(appended)
+        if with_call:
+            for appended in thread.tool_result().appended:
+                cache.extend(appended)
+    thread.fold(user("and now?"))  # not handed over: this one's rows are read back
+    state = load_state(counting.inner, THREAD)
+    assert state is not None
+    counting.history_reads = 0
+    served = cache.visible(counting, state, state.history_len)
+    assert served == visible_entries(counting.inner, THREAD, 0, state.history_len)
+    assert counting.history_reads == 1  # the user text's one row, not the turns before it
+    counting.history_reads = 0
+    assert cache.visible(counting, state, state.history_len) == served
+    assert counting.history_reads == 0
+
+
+def _held_thread(capacity: int = 1_000) -> tuple[MemoryStore, HistoryCache, tuple[HistoryEntry, ...]]:
+    store = MemoryStore()
+    Thread(store).fold(create(CONFIG, initial="start"))
+    state = load_state(store, THREAD)
+    assert state is not None
+    cache = HistoryCache(capacity=capacity)
+    return store, cache, cache.visible(store, state, state.history_len)
+
+
+def _entry(seq: int, text: str) -> HistoryEntry:
+    return HistoryEntry(seq, 2_000, f"m-{seq}", UserEntry((TextBlock(text),), False))
+
+
+def test_an_append_that_does_not_extend_the_cached_prefix_exactly_changes_nothing() -> None:
+    store, cache, held = _held_thread()
+    head, length = chain(held), len(held)
+    lie = _entry(length, "never stored")
+    for wrong in (
+        HistoryAppend(THREAD, length + 1, (_entry(length + 1, "a gap"),), head, "0" * 64),  # a gap
+        HistoryAppend(THREAD, length, (lie,), "f" * 64, chain((*held, lie))),  # another chain
+        HistoryAppend(THREAD, length, (_entry(length + 3, "seq skips"),), head, "0" * 64),
+        HistoryAppend(THREAD, length, (), head, head),
+        HistoryAppend("t-not-held", 0, (_entry(0, "x"),), chain(()), chain((_entry(0, "x"),))),
+    ):
+        cache.extend(wrong)
+    assert cache.held_entries == length and len(cache) == 1
+    state = load_state(store, THREAD)
+    assert state is not None
+    assert cache.visible(store, state, state.history_len) == held
+
+
+def test_an_append_holding_a_summary_drops_the_thread() -> None:
+    _, cache, held = _held_thread()
+    summary = HistoryEntry(len(held), 2_000, "m-sum", SummaryEntry("so far", len(held)))
+    cache.extend(HistoryAppend(THREAD, len(held), (summary,), chain(held), chain((*held, summary))))
+    assert len(cache) == 0 and cache.held_entries == 0
+
+
+def test_extending_keeps_the_cache_within_its_capacity() -> None:
+    _, cache, held = _held_thread(capacity=len_held_plus(1))
+    more = (_entry(len(held), "one"), _entry(len(held) + 1, "two"))
+    cache.extend(HistoryAppend(THREAD, len(held), more, chain(held), chain((*held, *more))))
+    assert cache.held_entries <= len_held_plus(1)
+
+
+def len_held_plus(extra: int) -> int:
+    """The capacity that holds the created thread's history and `extra` entries more."""
+    store = MemoryStore()
+    Thread(store).fold(create(CONFIG, initial="start"))
+    state = load_state(store, THREAD)
+    assert state is not None
+    return state.history_len + extra
+
+
+class RecordingBenchModel(BenchModel):
+    """The benchmark's model, remembering each request's thread and history."""
+
+    def __init__(self) -> None:
+        self.asked: list[CompletionRequest] = []
+
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
+        self.asked.append(request)
+        async for output in BenchModel.complete(self, request):
+            yield output
+
+
+def test_local_mode_hands_every_commits_appends_to_the_cache_and_the_model_sees_the_store() -> None:
+    model = RecordingBenchModel()
+
+    async def run() -> None:
+        runtime: LocalRuntime
+        tool = ForgetfulBenchTool(lambda record: runtime.send(record), now_ms)
+        runtime = LocalRuntime(model, tool, LocalConfig(store="memory"))
+        agents = [agent_id(i) for i in range(3)]
+        try:
+            for thread_id in agents:
+                runtime.send(create_input(thread_id, now_ms()))
+            for turn in range(1, 4):
+                for thread_id in agents:
+                    runtime.send(turn_input(thread_id, turn, now_ms()))
+                await runtime.run_until_idle(60)
+            (store,) = runtime.stores
+            assert len(model.asked) == 3 * 3 * 2
+            for request in model.asked:
+                assert request.history == visible_entries(store, request.thread_id, 0, len(request.history))
+            states = [load_state(store, thread_id) for thread_id in agents]
+            # Each thread's last entry (the final completion) came after its last request: only
+            # a hand-over can have put it in the cache.
+            assert runtime.history_cache is not None
+            assert runtime.history_cache.held_entries == sum(s.history_len for s in states if s is not None)
+        finally:
+            await runtime.close()
+
+    asyncio.run(run())
