@@ -23,6 +23,7 @@ from torpor.connectors.runtime import ConnectorFactory, ConnectorRuntime
 from torpor.schemas.codec import encode_value
 from torpor.schemas.records import Dispatch, TextBlock, ToolResult
 from torpor.streams.config import DEFAULT_MAX_INPUT_BYTES, KafkaSettings, Settings, TopicSettings
+from torpor.streams.membership import GroupWatch
 
 pytestmark = pytest.mark.kafka
 
@@ -135,6 +136,44 @@ def test_a_redelivered_dispatch_is_not_run_again(deployment: Deployment, tmp_pat
     _serve(deployment, tmp_path / "journal", lambda runtime: runtime.handled >= 1)
     assert CALLS == ["rq-0"]  # journaled: taken, never run twice
     assert [r.request_id for r in _results(deployment)] == ["rq-0"]
+
+
+class StuckOnce(GroupWatch):
+    """Says the consumer is stuck once, when `armed`: the state librdkafka#2944 leaves a
+    consumer in (out of its group for good after a broker restart) cannot be made on demand."""
+
+    def __init__(self) -> None:
+        super().__init__(90)
+        self.armed = False
+
+    def stuck(self, member_id: str | None, now: float) -> bool:
+        fire, self.armed = self.armed, False
+        return fire or super().stuck(member_id, now)
+
+
+def test_a_consumer_out_of_its_group_is_replaced_and_the_new_one_serves_without_repeats(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    _produce(deployment, _dispatch(0))
+    CALLS.clear()
+    watch, produced = StuckOnce(), []
+
+    def until(runtime: ConnectorRuntime) -> bool:
+        if runtime.handled >= 1 and runtime.consumers_replaced == 0:
+            watch.armed = True
+        if runtime.consumers_replaced == 1 and not produced:
+            produced.append(True)  # only the new consumer can take these
+            _produce(deployment, _dispatch(1), _dispatch(2))
+        return len({r.request_id for r in _results(deployment)}) >= 3
+
+    _serve(deployment, tmp_path / "journal", until, group_watch=watch)
+    assert sorted(CALLS) == ["rq-0", "rq-1", "rq-2"]  # each run once, whichever consumer took it
+    assert {r.request_id for r in _results(deployment)} == {"rq-0", "rq-1", "rq-2"}
+    journal = EffectJournal(tmp_path / "journal")
+    assert {e.request_id: e.state for e in journal.effects()} == dict.fromkeys(
+        ("rq-0", "rq-1", "rq-2"), EffectState.DELIVERED)
+    journal.close()
+    assert _committed(deployment) == 3  # the new consumer commits for the group
 
 
 def test_an_answer_too_large_for_one_input_is_delivered_as_an_error_the_model_can_read(

@@ -27,7 +27,12 @@ Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=..
   are asynchronous (`connectors.offsets`): a group without a coordinator (a broker
   restart) delays them, never the loop, which keeps serving dispatches meanwhile;
 - when nothing is waiting, waits for the outbox on a thread of its own (`_wait`): a
-  dispatch is taken as soon as it comes, and the tools' tasks run meanwhile.
+  dispatch is taken as soon as it comes, and the tools' tasks run meanwhile;
+- replaces its consumer when it has been out of its group for two session timeouts
+  straight (`streams.membership`: librdkafka's consumer can stay out for good after a
+  broker restart, and the connector would take no dispatch until restarted). The
+  dispatches the old one took but had not committed come again to the new one: the
+  journal runs none twice.
 
 Message ids of answers derive from the request id (`InProcessConnector.produce`), so any
 answer produced twice (a re-run after a crash, a re-sent stored answer) is one input to
@@ -50,12 +55,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Final, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from torpor.connectors.inprocess import CLOSE_THREAD
 from torpor.connectors.intake import DEFAULT_RETENTION_MS, JournaledIntake
@@ -68,8 +74,9 @@ from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Dispatch, Input, ToolSpec
 from torpor.schemas.signer import Signer
 from torpor.streams.clients import make_consumer, make_producer
-from torpor.streams.config import Settings
+from torpor.streams.config import Settings, consumer_config
 from torpor.streams.errors import translate
+from torpor.streams.membership import GroupWatch, stuck_after_for
 from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
 from torpor.streams.topicwait import PAUSE_S as TOPIC_PAUSE_S
@@ -125,7 +132,7 @@ class ConnectorRuntime:
                  signer: Signer | None = None, retention_ms: int = DEFAULT_RETENTION_MS,
                  max_concurrency: int | None = None, clock: Callable[[], int] = now_ms,
                  wait_for_topics: bool = True, observer: ConnectorObserver | None = None,
-                 tracing: Tracing | None = None) -> None:
+                 tracing: Tracing | None = None, group_watch: GroupWatch | None = None) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, not {max_concurrency}")
         self._max_concurrency = max_concurrency
@@ -146,8 +153,11 @@ class ConnectorRuntime:
             self._traces = EffectTraces(tracing)
         if observer is not None:
             self.journal.on_moved = observer.effect_moved
-        self._consumer = make_consumer(settings, group, on_commit=self._on_commit)
-        self._offsets = OutboxOffsets(self._consumer, self._topics.outbox)
+        self._settings = settings
+        self._group = group
+        self._consumer, self._offsets = self._new_consumer()
+        self._group_watch = group_watch or GroupWatch(stuck_after_for(consumer_config(settings, group)))
+        self.consumers_replaced = 0
         self._waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-wait")  # `_wait`
         self._producer = make_producer(settings)
         # The topics it reads and writes; a processor (or `torpor topics create`) makes them.
@@ -163,7 +173,6 @@ class ConnectorRuntime:
         # busy). Written by the loop only; a processor hosting this runtime reads it.
         self.idle_since: float | None = None
         self.handled = 0
-        self._settings = settings
 
     # --- producing ---------------------------------------------------------------------
 
@@ -242,6 +251,9 @@ class ConnectorRuntime:
                     self._observer.running(self.connector.busy)
                 self._offsets.commit_due()
                 self._intake.prune_due()
+                if self._group_watch.stuck(self._consumer.memberid(), time.monotonic()):
+                    self._replace_consumer()
+                    messages = came = []
                 idle = not messages and self.connector.busy == 0 and self._caught_up()
                 if idle and self.idle_since is None:
                     self.idle_since = time.monotonic()
@@ -276,13 +288,41 @@ class ConnectorRuntime:
         first = self._consumer.consume(1, timeout=POLL_SECONDS)
         return first + self._consumer.consume(room - 1, timeout=0) if first and room > 1 else first
 
+    def _new_consumer(self) -> tuple[Consumer, OutboxOffsets]:
+        """A consumer of the connector's group and the offsets it takes. Its commit answers go
+        to its own `OutboxOffsets`, so a replaced consumer closing on another thread never
+        touches the tracker of the one that replaced it."""
+        holder: list[OutboxOffsets] = []
+
+        def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+            if holder:  # bound before the tracker exists (the consumer needs its callback first)
+                holder[0].on_commit(error, partitions)
+
+        consumer = make_consumer(self._settings, self._group, on_commit=on_commit)
+        holder.append(OutboxOffsets(consumer, self._topics.outbox))
+        return consumer, holder[0]
+
+    def _replace_consumer(self) -> None:
+        """The consumer has been out of its group too long (`GroupWatch`): a new one joins.
+
+        Called from the loop between waits, so the waiter thread does not hold the old one.
+        The old one is closed on a thread of its own: its close may wait on the coordinator
+        it cannot find, and the tools must not wait with it."""
+        stuck = self._consumer
+        log.warning(
+            "the outbox consumer has had no group membership for %.0f s: replacing it (dispatches "
+            "it took but had not committed come again; the journal runs none twice)",
+            self._group_watch.stuck_after_s, extra={"group": self._group})
+        self._consumer, self._offsets = self._new_consumer()
+        self._paused = False
+        self._consumer.subscribe([self._topics.outbox])
+        self.consumers_replaced += 1
+        threading.Thread(target=_close_quietly, args=(stuck,), name="outbox-consumer-close",
+                         daemon=True).start()
+
     def _found_topics(self, found: Mapping[str, int] | None) -> None:
         if found is not None:
             self._partitions = found[self._topics.inputs]
-
-    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        # Bound before `_offsets` exists (the consumer needs its callback first).
-        self._offsets.on_commit(error, partitions)
 
     def _caught_up(self) -> bool:
         """Every assigned outbox partition read to its end (cached watermarks: no request)."""
@@ -337,3 +377,11 @@ class ConnectorRuntime:
         if dispatch.tool not in self._tools and dispatch.kind != CLOSE_THREAD:
             return None  # another connector's
         return dispatch
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    """Close a replaced consumer; whatever it raises, it is gone for this runtime."""
+    try:
+        consumer.close()
+    except Exception as error:  # a stuck client: nothing to do but say so
+        log.warning("closing the replaced outbox consumer failed: %s", error)
