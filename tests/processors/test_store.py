@@ -381,3 +381,64 @@ def test_store_bounds_out_of_range_are_refused(bounds: dict[str, int]) -> None:
         kv.StoreMemory(**bounds)
     with pytest.raises(ValueError):
         RowCache(10).resize(-1)
+
+
+_KEYS = st.sampled_from([b"k0", b"k1", b"k2"])
+_OPS = st.lists(st.tuples(st.sampled_from(["put", "delete", "keep"]), _KEYS, st.binary(max_size=8)),
+                max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(checkpoints=st.lists(st.lists(_OPS, max_size=4), max_size=4),
+       cache_bytes=st.sampled_from([0, 80, 1 << 20]))
+def test_rows_kept_unchanged_never_shadow_a_write_in_the_row_cache(
+    tmp_path_factory: pytest.TempPathFactory, checkpoints: list[list[list[tuple[str, bytes, bytes]]]],
+    cache_bytes: int,
+) -> None:
+    """What `step` does: per input an overlay (`scratch`) over the checkpoint's (`batch`), over
+    the store. A `keep` of a row's current value, before or after writes to it in any input
+    of the checkpoint, leaves every read of the store what a memory store reads."""
+    rocks = RocksStore(tmp_path_factory.mktemp("db"), row_cache_bytes=cache_bytes)
+    model = MemoryStore()
+    try:
+        for inputs in checkpoints:
+            batch = Overlay(rocks)
+            for ops in inputs:
+                scratch = Overlay(batch)
+                for op, key, value in ops:
+                    if op == "put":
+                        scratch.put(key, value)
+                    elif op == "delete":
+                        scratch.delete(key)
+                    else:
+                        current = scratch.get(key)
+                        if current is not None:
+                            scratch.keep(key, current)
+                scratch.commit()
+            model.apply(batch.changes())
+            batch.commit(StoreOffsets(input_offset=1))
+            for key in (b"k0", b"k1", b"k2"):
+                assert rocks.get(key) == model.get(key)
+    finally:
+        rocks.close()
+
+
+def test_a_row_kept_unchanged_is_warm_in_the_row_cache_after_the_commit_and_not_a_change(
+    tmp_path: Path,
+) -> None:
+    rocks = RocksStore(tmp_path / "db", row_cache_bytes=3 * (64 + 8))  # about three rows
+    try:
+        rocks.apply([(b"config", b"c")])
+        rocks.apply([(b"a", b"1"), (b"b", b"2"), (b"d", b"3")])  # the config row went cold
+        assert rocks._recent.lookup(b"config") == (False, None)
+        overlay = Overlay(rocks)
+        overlay.put(b"state", b"s")
+        overlay.keep(b"config", b"c")
+        assert overlay.commit(StoreOffsets(input_offset=1)) == ((b"state", b"s"),)
+        assert rocks._recent.lookup(b"config") == (True, b"c")
+        aborted = Overlay(rocks)
+        aborted.keep(b"a", b"1")
+        aborted.abort()
+        assert Overlay(rocks).commit() == ()  # nothing kept survives an abort
+    finally:
+        rocks.close()
