@@ -231,7 +231,8 @@ def step(
             _refuse(record, rejected(problem[0]), problem[1], out)
             continue
         _fold_one(batch, record, judge, default_config, max_attempts, out)
-    changes = batch.commit()  # staged in `store`, with the rows kept unchanged (`Overlay.keep`)
+    changes = batch.changes()
+    store.apply(changes)
     return StepOutput(
         changes=changes,
         dispatches=tuple(out.dispatches),
@@ -526,8 +527,6 @@ def _write_state(
         key = keys.config_key(thread_id)
         if before is None or (not kept and rows.get(key) != config):
             rows.put(key, config)
-        else:  # read at every input, written almost never: kept warm in the row cache
-            rows.keep(key, config)
     elif rows.get(keys.state_key(thread_id)) is not None:
         rows.delete(keys.state_key(thread_id))
     # The awaiting-model index: one row per thread with a completion in flight, so a

@@ -442,13 +442,6 @@ class RocksStore:
     def delete(self, key: bytes) -> None:
         self.apply(((key, None),))
 
-    def refresh(self, rows: Sequence[tuple[bytes, bytes]]) -> None:
-        """`rows` hold these values, unchanged by the batch just applied: count them as just
-        written in the row cache. For the writer only, right after its `apply` (`RowCache`):
-        a thread's config row is written once and read at every input, and in write order it
-        went cold behind the rows that change, a RocksDB read per input at 2,000 agents."""
-        self._recent.remember(rows)
-
     def iterate(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         begin = prefix if start is None or start < prefix else start
         for key, value in self._db.items(from_key=begin):
@@ -484,16 +477,11 @@ class Overlay:
     Reads see the pending writes first. `changes()` lists each written key once, with its
     final value, in the order of its last write: these are also the changelog records.
     `commit` applies them to the store in one batch; `abort` drops them.
-
-    `keep(key, value)` says a row was relied on unchanged: not a write, not in `changes()`;
-    at the commit the store below refreshes it in its row cache (`RocksStore.refresh`),
-    unless a write to the key came after.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._pending: dict[bytes, bytes | None] = {}
-        self._kept: dict[bytes, bytes] = {}
 
     def get(self, key: bytes) -> bytes | None:
         if key in self._pending:
@@ -503,19 +491,10 @@ class Overlay:
     def put(self, key: bytes, value: bytes) -> None:
         self._pending.pop(key, None)  # re-insert: the order is that of the last write
         self._pending[key] = value
-        if self._kept:
-            self._kept.pop(key, None)
 
     def delete(self, key: bytes) -> None:
         self._pending.pop(key, None)
         self._pending[key] = None
-        if self._kept:
-            self._kept.pop(key, None)
-
-    def keep(self, key: bytes, value: bytes) -> None:
-        """`key` holds `value` (read through this overlay), unchanged: see the class docstring."""
-        if key not in self._pending:
-            self._kept[key] = value
 
     def iterate(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         begin = prefix if start is None or start < prefix else start
@@ -557,32 +536,21 @@ class Overlay:
         """Apply the pending writes (and `offsets`) to the store in one batch; return them."""
         changes = self.changes()
         below = self.store
-        kept = self._kept
         if type(below) is Overlay and offsets is None:
             # One input's overlay into its checkpoint's (`step`, per input): the same staging
             # as `Overlay.apply`, without a call per row.
-            pending, below_kept = below._pending, below._kept
+            pending = below._pending
             for key, value in changes:
                 pending.pop(key, None)  # re-insert: the order is that of the last write
                 pending[key] = value
-                if below_kept:
-                    below_kept.pop(key, None)
-            for key, value in kept.items():  # none of them written here (`put` drops them)
-                if key not in pending:
-                    below_kept[key] = value
         else:
             below.apply(changes, offsets)
-            refresh = getattr(below, "refresh", None)  # a RocksStore's; a store without a row cache has none
-            if kept and refresh is not None:
-                refresh(tuple(kept.items()))
         self._pending.clear()
-        kept.clear()
         return changes
 
     def abort(self) -> None:
         """Drop the pending writes: the store is as it was before the checkpoint began."""
         self._pending.clear()
-        self._kept.clear()
 
     def __len__(self) -> int:
         return len(self._pending)
