@@ -43,10 +43,10 @@ class CountingStore:
             self.history_reads += 1
         return self.inner.get(key)
 
-    def iterate(self, start: bytes, end: bytes | None = None):  # type: ignore[no-untyped-def]
-        if start.startswith(keys.history_prefix(THREAD)):
+    def iterate(self, prefix: bytes, start: bytes | None = None):  # type: ignore[no-untyped-def]
+        if prefix.startswith(keys.history_prefix(THREAD)):
             self.history_reads += 1
-        return self.inner.iterate(start, end)
+        return self.inner.iterate(prefix, start)
 
     def apply(self, changes: list[Change] | tuple[Change, ...]) -> None:
         self.inner.apply(changes)
@@ -184,19 +184,21 @@ def test_an_append_holding_a_summary_drops_the_thread() -> None:
 
 
 def test_extending_keeps_the_cache_within_its_capacity() -> None:
-    _, cache, held = _held_thread(capacity=len_held_plus(1))
-    more = (_entry(len(held), "one"), _entry(len(held) + 1, "two"))
-    cache.extend(HistoryAppend(THREAD, len(held), more, chain(held), chain((*held, *more))))
-    assert cache.held_entries <= len_held_plus(1)
+    _, cache, held = _held_thread(capacity=_created_history_len() + 1)
+    one, two = _entry(len(held), "one"), _entry(len(held) + 1, "two")
+    cache.extend(HistoryAppend(THREAD, len(held), (one,), chain(held), chain((*held, one))))
+    assert (cache.held_entries, len(cache)) == (len(held) + 1, 1)  # within the capacity: held
+    cache.extend(HistoryAppend(THREAD, len(held) + 1, (two,), chain((*held, one)), chain((*held, one, two))))
+    assert (cache.held_entries, len(cache)) == (0, 0)  # past it: the least recently served thread goes
 
 
-def len_held_plus(extra: int) -> int:
-    """The capacity that holds the created thread's history and `extra` entries more."""
+def _created_history_len() -> int:
+    """How many entries the created thread's history has."""
     store = MemoryStore()
     Thread(store).fold(create(CONFIG, initial="start"))
     state = load_state(store, THREAD)
     assert state is not None
-    return state.history_len + extra
+    return state.history_len
 
 
 class RecordingBenchModel(BenchModel):
