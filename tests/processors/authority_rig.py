@@ -99,13 +99,19 @@ class Rig:
     def send(self, body: InputBody, source: str, key_id: str | None = "honest", thread: str = "t",
              message_id: str | None = None, created_at: int | None = None) -> Receipt:
         """Fold one input from `source`, signed by `key_id` ("honest": the source's own key)."""
+        out = self.send_for_output(body, source, key_id, thread, message_id, created_at)
+        assert len(out.receipts) == 1
+        return out.receipts[0]
+
+    def send_for_output(self, body: InputBody, source: str, key_id: str | None = "honest",
+                        thread: str = "t", message_id: str | None = None,
+                        created_at: int | None = None) -> StepOutput:
+        """`send`, returning the whole step output (its receipt, records and appended history)."""
         record = self.envelope(body, source, thread, message_id, created_at)
         chosen = HONEST.get(source) if key_id == "honest" else key_id
         if chosen is not None:
             record = signing.sign(record, chosen, KEYS[chosen])
-        out = self.fold(StepRecord(record, appended_at=self.clock))  # the broker appends it now
-        assert len(out.receipts) == 1
-        return out.receipts[0]
+        return self.fold(StepRecord(record, appended_at=self.clock))  # the broker appends it now
 
     def deliver_loopbacks(self) -> list[Receipt]:
         """Fold the processor's loopbacks, signed with its key, as the processor would."""
