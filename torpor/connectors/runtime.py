@@ -253,7 +253,7 @@ class ConnectorRuntime:
                 self._intake.prune_due()
                 if self._group_watch.stuck(self._consumer.memberid(), time.monotonic()):
                     self._replace_consumer()
-                    messages = came = []
+                    messages = []  # so the next batch is waited for from the new consumer
                 idle = not messages and self.connector.busy == 0 and self._caught_up()
                 if idle and self.idle_since is None:
                     self.idle_since = time.monotonic()

@@ -467,10 +467,11 @@ def _interpret(
 
 def _hand_over_appended(thread_id: str, before: ThreadState | None, after: ThreadState | None,
                         appended: list[HistoryEntry], out: _Collected) -> None:
-    """Record the entries this input appended for `HistoryCache.extend`, when they extend the
-    state's history exactly: from where `before`'s ended (its head) to where `after`'s ends."""
+    """Record the entries this input appended for `HistoryCache.extend`, when they end where
+    `after`'s history ends and start where `before`'s ended (its head is theirs to extend).
+    Whether the seqs run without a gap is `extend`'s check, with the cache's own."""
     first, last = appended[0].seq, appended[-1].seq
-    if after is None or after.history_len != last + 1 or last - first + 1 != len(appended):
+    if after is None or after.history_len != last + 1:
         return
     if first == 0:
         head_before = GENESIS_HEAD
