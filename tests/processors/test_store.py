@@ -174,6 +174,20 @@ def test_a_rocks_store_is_readable_by_its_owner_only(tmp_path: Path) -> None:
             store.close()
 
 
+def test_a_rocks_store_opens_with_the_tuning_kv_names(tmp_path: Path) -> None:
+    """What RocksDB itself recorded (its OPTIONS file) is what `kv` sets, not its defaults."""
+    store = RocksStore(tmp_path / "tuned")
+    try:
+        written = max((tmp_path / "tuned").glob("OPTIONS-*")).read_text()
+    finally:
+        store.close()
+    settings = dict(line.strip().split("=", 1) for line in written.splitlines() if "=" in line)
+    assert settings["level0_file_num_compaction_trigger"] == str(kv.L0_COMPACTION_TRIGGER)
+    assert settings["write_buffer_size"] == str(kv.MEMTABLE_BYTES)
+    assert settings["memtable_whole_key_filtering"] == "true"
+    assert float(settings["memtable_prefix_bloom_size_ratio"]) == kv.MEMTABLE_BLOOM_RATIO
+
+
 def test_a_row_cache_keeps_the_latest_writes_within_its_bytes() -> None:
     cache = RowCache(3 * (64 + 2))  # three rows of a one-byte key and value
     cache.remember([(b"a", b"1"), (b"b", b"2"), (b"c", None)])
