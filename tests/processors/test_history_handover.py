@@ -11,8 +11,9 @@ empty or huge id are refused and hand nothing over.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,12 +23,15 @@ from tests.processors.authority_rig import Rig
 from tests.processors.fold_scenarios import call, completion, config, control, create, result, user
 from torpor.processors.fold.history import chain
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
-from torpor.processors.models.provider import CompletionRequest, ModelOutput
+from torpor.processors.models.provider import CompletionRequest, ModelOutput, ScriptedModel
+from torpor.processors.processor import Processor, ProcessorConfig
 from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, MemoryStore
 from torpor.processors.store.tables import HistoryAppend, HistoryCache, load_state, visible_entries
 from torpor.schemas.records import HistoryEntry, Input, InputBody, SummaryEntry, TextBlock, UserEntry
+from torpor.streams.config import KafkaSettings, Settings
+from torpor.streams.task import StoredOffsets
 
 THREAD = "t1"
 CONFIG = config()
@@ -304,3 +308,42 @@ def test_local_mode_hands_every_commits_appends_to_the_cache_and_the_model_sees_
             await runtime.close()
 
     asyncio.run(run())
+
+
+def test_a_kafka_checkpoint_that_appended_without_a_request_still_hands_its_appends_over(
+        tmp_path: Path) -> None:
+    """A turn's last answer appends history and asks nothing of the model: its checkpoint
+    hands the appends to the stage thread all the same, so the thread's next request finds
+    them held rather than reading them back."""
+    counting = CountingStore()
+    thread = Thread(counting.inner)
+    thread.fold(create(CONFIG, initial="start"))
+    state = load_state(counting.inner, THREAD)
+    assert state is not None
+    cache = HistoryCache(capacity=1_000)
+    cache.visible(counting, state, state.history_len)  # held, as after the request it made
+    last = thread.answer("the last answer", with_call=False)
+    assert last.appended and not last.completions
+
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:9"))  # nothing listens there
+    processor = Processor(settings, ProcessorConfig(instance="p0", store_dir=tmp_path), ScriptedModel([]),
+                          inputs_partitions=1)
+    handed: list[Callable[[], object]] = []
+    try:
+        processor.histories = cache
+        task = processor._open_task(0)
+        task.start()
+        processor.stages.call = handed.append  # type: ignore[method-assign]  # run below, in order
+        task._appended.extend(last.appended)  # what `process` keeps from the step's output
+        task.commit(StoredOffsets(None, 0))
+        assert len(handed) == 1
+        handed[0]()
+    finally:
+        processor.stages.stop()
+
+    state = load_state(counting.inner, THREAD)
+    assert state is not None
+    counting.history_reads = 0
+    assert cache.visible(counting, state, state.history_len) == visible_entries(
+        counting.inner, THREAD, 0, state.history_len)
+    assert counting.history_reads == 0

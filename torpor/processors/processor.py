@@ -327,10 +327,12 @@ class ThreadTask:
             work = CommittedWork(self.partition, tuple(steps), poisoned, offsets.input_offset)
             observer.partition_committed(work, self._store)
         stage = self.stage
-        if stage is not None and requests:
+        if stage is not None and (requests or appended):
             # Committed now: the model may run (DESIGN 5). One hand-over per checkpoint,
             # not per request: each wakes the stage's loop across threads.
             # The cache is the stage thread's: it learns what was appended there, first.
+            # A checkpoint with appends and no request (a turn's last answer) is handed
+            # over too: left out, the thread's next request read those rows back.
             self._processor.stages.call(functools.partial(
                 _submit_all, stage, requests, appended, self._processor.histories))
 
