@@ -334,6 +334,72 @@ def test_the_history_cache_keeps_at_most_its_capacity_of_entries() -> None:
     assert len(cache) == 2
 
 
+
+@dataclass
+class HistoryReads:
+    """A `MemoryStore` that counts the history rows read from it, of any thread."""
+
+    inner: MemoryStore = field(default_factory=MemoryStore)
+    reads: int = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        self.reads += _is_history(key)
+        return self.inner.get(key)
+
+    def iterate(self, prefix: bytes, start: bytes | None = None):  # type: ignore[no-untyped-def]
+        self.reads += _is_history(prefix)
+        return self.inner.iterate(prefix, start)
+
+
+def _is_history(key: bytes) -> bool:
+    thread = keys.thread_of_prefix(keys.thread_prefix_of(key))
+    return key.startswith(keys.history_prefix(thread))
+
+
+def _created(store: MemoryStore, thread_ids: list[str]) -> dict[str, ThreadState]:
+    """Each thread created (one history entry each) and its state."""
+    states = {}
+    for offset, thread_id in enumerate(thread_ids):
+        item = Input(f"m-{thread_id}", thread_id, 1, "user:u", None, None, None, create(initial="go"))
+        step(store, [StepRecord(item, 0, offset)])
+        state = load_state(store, thread_id)
+        assert state is not None
+        states[thread_id] = state
+    return states
+
+
+def _serve(cache: HistoryCache, counted: HistoryReads, state: ThreadState) -> bool:
+    """Serve `state`'s thread; True if no history row was read (served from memory)."""
+    before = counted.reads
+    served = cache.visible(counted, state, state.history_len)
+    assert served == visible_entries(counted.inner, state.thread_id, 0, state.history_len)
+    return counted.reads == before
+
+
+def test_threads_served_in_turn_beyond_the_capacity_keep_a_stable_share_in_memory() -> None:
+    counted = HistoryReads()
+    states = _created(counted.inner, [f"t{i}" for i in range(5)])
+    cache = HistoryCache(capacity=2)  # two of the five threads' one entry each
+    rounds = [[_serve(cache, counted, state) for state in states.values()] for _ in range(4)]
+    # The first two fit; the others are read every time and never displace them. Admitting
+    # every thread read (least recently served out) would serve none from memory.
+    assert rounds[0] == [False] * 5
+    assert rounds[1:] == [[True, True, False, False, False]] * 3
+    assert len(cache) == 2
+
+
+def test_threads_gone_idle_give_their_places_to_the_threads_running_now() -> None:
+    counted = HistoryReads()
+    states = _created(counted.inner, ["old-1", "old-2", "new-1", "new-2"])
+    cache = HistoryCache(capacity=2)
+    for name in ("old-1", "old-2", "old-1", "old-2"):
+        _serve(cache, counted, states[name])
+    # From now on only the new threads run: read on their first serve, kept from the
+    # second (the idle threads were served before it), served from memory after that.
+    assert [_serve(cache, counted, states[name]) for name in ("new-1", "new-2") * 3] == [
+        False, False, False, False, True, True]
+
+
 @dataclass
 class Throttled:
     """A provider that answers 429 with `retry-after` first, then text."""

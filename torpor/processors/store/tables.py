@@ -201,16 +201,22 @@ class HistoryAppend:
 
 
 class _Cached:
-    """A thread's first `length` entries, decoded, and the hash-chain head after them; never
-    changed once made. A plain class, not a frozen dataclass: compiled, it is built without
-    the interpreter (a dataclass's `__init__` is generated Python even there)."""
+    """A thread's first `length` entries, decoded, the hash-chain head after them, and when
+    the thread was last served (`HistoryCache`'s count of `visible` calls); never changed
+    once made. A plain class, not a frozen dataclass: compiled, it is built without the
+    interpreter (a dataclass's `__init__` is generated Python even there)."""
 
-    __slots__ = ("entries", "head", "length")
+    __slots__ = ("entries", "head", "length", "served")
 
-    def __init__(self, length: int, head: str, entries: tuple[HistoryEntry, ...]) -> None:
+    def __init__(self, length: int, head: str, entries: tuple[HistoryEntry, ...], served: int) -> None:
         self.length = length
         self.head = head
         self.entries = entries
+        self.served = served
+
+
+GHOSTS_KEPT: Final = 16_384
+"""Threads not held whose last serve `HistoryCache` remembers (ids and a count: ~2 MiB at most)."""
 
 
 POINT_READS_UP_TO: Final = 8
@@ -268,20 +274,33 @@ class HistoryCache:
     bounded, not per agent. After each commit the runtimes hand it what the step appended
     (`extend`), so a held thread's next request reads none of its rows back: those reads,
     each a RocksDB get, a hash and a decode, were about 4% of a local completion.
+
+    Admission. Threads served in turn whose histories together exceed the capacity made a
+    cache that admits every thread it reads useless: each one read evicted the one served
+    next, and every completion read its whole history (200 agents x 100 turns, 400 entries
+    each against 49,152: 1,530 us per local completion, 272 at 100 agents). So once the
+    cache is full, a thread read whole is kept only by evicting threads served longer ago
+    than the thread itself was last served (`GHOSTS_KEPT` remembers when, for threads not
+    held), and never on its first serve: threads that keep coming round hold their places
+    (a stable share of them is served from memory), while threads gone idle give theirs to
+    the ones now running from their second request on.
     """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
             raise ValueError(f"a history cache needs capacity >= 0, not {capacity}")
         self._capacity = capacity
-        self._threads: OrderedDict[str, _Cached] = OrderedDict()
+        self._threads: OrderedDict[str, _Cached] = OrderedDict()  # least recently served first
         self._entries = 0  # held over all threads
+        self._served = 0  # `visible` calls so far: the clock of `_Cached.served`
+        self._ghosts: OrderedDict[str, int] = OrderedDict()  # threads not held: when last served
 
     def visible(self, store: Store, state: ThreadState, up_to_seq: int) -> tuple[HistoryEntry, ...]:
         """What `visible_entries(store, thread, 0, up_to_seq)` returns, for `state`'s thread."""
         thread_id = state.thread_id
         if self._capacity == 0 or up_to_seq != state.history_len:
             return visible_entries(store, thread_id, 0, up_to_seq)
+        self._served += 1
         cached = self._threads.pop(thread_id, None)
         entries: tuple[HistoryEntry, ...] | None = None
         if cached is not None:
@@ -293,16 +312,52 @@ class HistoryCache:
                 # summary row is not read (a RocksDB read that misses, per completion).
                 if head == state.head and not any(isinstance(e.body, SummaryEntry) for e in new):
                     entries = cached.entries + new
-        if entries is None:
-            if latest_summary_seq(store, thread_id) is not None:
-                return visible_entries(store, thread_id, 0, up_to_seq)
-            entries, head = _read_chained(store, thread_id, 0, up_to_seq, GENESIS_HEAD)
-            if head != state.head:
-                return entries  # read while the thread changed under us: serve it, do not keep it
-        self._threads[thread_id] = _Cached(up_to_seq, state.head, entries)
+                    self._threads[thread_id] = _Cached(up_to_seq, state.head, entries, self._served)
+                    self._entries += len(entries)
+                    self._evict()
+                    return entries
+        last_served = cached.served if cached is not None else self._ghosts.pop(thread_id, None)
+        if latest_summary_seq(store, thread_id) is not None:
+            self._remember(thread_id)
+            return visible_entries(store, thread_id, 0, up_to_seq)
+        entries, head = _read_chained(store, thread_id, 0, up_to_seq, GENESIS_HEAD)
+        if head != state.head or not self._admit(len(entries), last_served):
+            # Not kept: read while the thread changed under us, or no room it may take.
+            self._remember(thread_id)
+            return entries
+        self._threads[thread_id] = _Cached(up_to_seq, state.head, entries, self._served)
         self._entries += len(entries)
-        self._evict()
         return entries
+
+    def _admit(self, size: int, last_served: int | None) -> bool:
+        """Whether a thread of `size` entries, last served at `last_served` (None: never, that
+        this cache remembers), may be kept; if so, the threads it displaces are evicted."""
+        room = self._capacity - self._entries
+        if size <= room:
+            return True
+        if last_served is None or size > self._capacity:
+            return False
+        freed = 0
+        displaced = 0
+        for held in self._threads.values():  # least recently served first
+            if held.served >= last_served or size <= room + freed:
+                break
+            freed += len(held.entries)
+            displaced += 1
+        if size > room + freed:
+            return False
+        for _ in range(displaced):
+            gone, held = self._threads.popitem(last=False)
+            self._entries -= len(held.entries)
+            self._remember(gone, held.served)
+        return True
+
+    def _remember(self, thread_id: str, served: int | None = None) -> None:
+        """Remember when `thread_id`, not held, was last served (now, by default)."""
+        self._ghosts[thread_id] = self._served if served is None else served
+        self._ghosts.move_to_end(thread_id)
+        if len(self._ghosts) > GHOSTS_KEPT:
+            self._ghosts.popitem(last=False)
 
     def extend(self, appended: HistoryAppend) -> None:
         """Add what a committed fold appended to the thread's cached prefix, when the prefix
@@ -324,20 +379,22 @@ class HistoryCache:
         if any(isinstance(e.body, SummaryEntry) for e in entries):
             del self._threads[thread_id]
             self._entries -= len(cached.entries)
+            self._remember(thread_id, cached.served)
             return
         if cached.length != appended.from_seq or cached.head != appended.head_before or (
                 entries[-1].seq != appended.from_seq + len(entries) - 1):
             return
         self._threads[thread_id] = _Cached(cached.length + len(entries), appended.head_after,
-                                           cached.entries + entries)
+                                           cached.entries + entries, cached.served)
         self._entries += len(entries)
         self._evict()
 
     def _evict(self) -> None:
         """Drop the least recently served threads until the entries fit the capacity."""
         while self._entries > self._capacity and self._threads:
-            _, evicted = self._threads.popitem(last=False)
+            gone, evicted = self._threads.popitem(last=False)
             self._entries -= len(evicted.entries)
+            self._remember(gone, evicted.served)
 
     def __len__(self) -> int:
         """How many threads are held."""
