@@ -177,7 +177,7 @@ L0_COMPACTION_TRIGGER: Final = 8
 (its default: 4). A thread's state row is written again at every input and keys spread
 over the whole key range, so each merge rewrites most of level 1; merging twice as many
 files at a time halves that rewriting. At 10,000 agents x 20 turns in local mode the
-background threads' CPU fell from ~21% of the process's to ~14% (bench/README.md,
+background threads' CPU fell from ~21% of the process's to ~15% (bench/README.md,
 "stop 32"); reads check a few more level-0 files' bloom filters. Well below RocksDB's
 slowdown trigger (20 files)."""
 
