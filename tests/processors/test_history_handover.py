@@ -39,20 +39,23 @@ CONFIG = config()
 
 @dataclass
 class CountingStore:
-    """A `MemoryStore` that counts the history rows read from it."""
+    """A `MemoryStore` that counts the history rows read from it, of any thread."""
 
     inner: MemoryStore = field(default_factory=MemoryStore)
     history_reads: int = 0
 
     def get(self, key: bytes) -> bytes | None:
-        if key.startswith(keys.history_prefix(THREAD)):
-            self.history_reads += 1
+        self.history_reads += _is_history(key)
         return self.inner.get(key)
 
     def iterate(self, prefix: bytes, start: bytes | None = None):  # type: ignore[no-untyped-def]
-        if prefix.startswith(keys.history_prefix(THREAD)):
-            self.history_reads += 1
+        self.history_reads += _is_history(prefix)
         return self.inner.iterate(prefix, start)
+
+
+def _is_history(key: bytes) -> bool:
+    thread = keys.thread_of_prefix(keys.thread_prefix_of(key))
+    return key.startswith(keys.history_prefix(thread))
 
     def apply(self, changes: list[Change] | tuple[Change, ...]) -> None:
         self.inner.apply(changes)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from tests.processors.fold_scenarios import completion, control, create, user
+from tests.processors.test_history_handover import CountingStore
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.history import chain
 from torpor.processors.fold.state import ThreadState
@@ -334,28 +335,6 @@ def test_the_history_cache_keeps_at_most_its_capacity_of_entries() -> None:
     assert len(cache) == 2
 
 
-
-@dataclass
-class HistoryReads:
-    """A `MemoryStore` that counts the history rows read from it, of any thread."""
-
-    inner: MemoryStore = field(default_factory=MemoryStore)
-    reads: int = 0
-
-    def get(self, key: bytes) -> bytes | None:
-        self.reads += _is_history(key)
-        return self.inner.get(key)
-
-    def iterate(self, prefix: bytes, start: bytes | None = None):  # type: ignore[no-untyped-def]
-        self.reads += _is_history(prefix)
-        return self.inner.iterate(prefix, start)
-
-
-def _is_history(key: bytes) -> bool:
-    thread = keys.thread_of_prefix(keys.thread_prefix_of(key))
-    return key.startswith(keys.history_prefix(thread))
-
-
 def _created(store: MemoryStore, thread_ids: list[str]) -> dict[str, ThreadState]:
     """Each thread created (one history entry each) and its state."""
     states = {}
@@ -368,16 +347,16 @@ def _created(store: MemoryStore, thread_ids: list[str]) -> dict[str, ThreadState
     return states
 
 
-def _serve(cache: HistoryCache, counted: HistoryReads, state: ThreadState) -> bool:
+def _serve(cache: HistoryCache, counted: CountingStore, state: ThreadState) -> bool:
     """Serve `state`'s thread; True if no history row was read (served from memory)."""
-    before = counted.reads
+    before = counted.history_reads
     served = cache.visible(counted, state, state.history_len)
     assert served == visible_entries(counted.inner, state.thread_id, 0, state.history_len)
-    return counted.reads == before
+    return counted.history_reads == before
 
 
 def test_threads_served_in_turn_beyond_the_capacity_keep_a_stable_share_in_memory() -> None:
-    counted = HistoryReads()
+    counted = CountingStore()
     states = _created(counted.inner, [f"t{i}" for i in range(5)])
     cache = HistoryCache(capacity=2)  # two of the five threads' one entry each
     rounds = [[_serve(cache, counted, state) for state in states.values()] for _ in range(4)]
@@ -389,7 +368,7 @@ def test_threads_served_in_turn_beyond_the_capacity_keep_a_stable_share_in_memor
 
 
 def test_threads_gone_idle_give_their_places_to_the_threads_running_now() -> None:
-    counted = HistoryReads()
+    counted = CountingStore()
     states = _created(counted.inner, ["old-1", "old-2", "new-1", "new-2"])
     cache = HistoryCache(capacity=2)
     for name in ("old-1", "old-2", "old-1", "old-2"):

@@ -312,21 +312,19 @@ class HistoryCache:
                 # summary row is not read (a RocksDB read that misses, per completion).
                 if head == state.head and not any(isinstance(e.body, SummaryEntry) for e in new):
                     entries = cached.entries + new
-                    self._threads[thread_id] = _Cached(up_to_seq, state.head, entries, self._served)
-                    self._entries += len(entries)
-                    self._evict()
-                    return entries
-        last_served = cached.served if cached is not None else self._ghosts.pop(thread_id, None)
-        if latest_summary_seq(store, thread_id) is not None:
-            self._remember(thread_id)
-            return visible_entries(store, thread_id, 0, up_to_seq)
-        entries, head = _read_chained(store, thread_id, 0, up_to_seq, GENESIS_HEAD)
-        if head != state.head or not self._admit(len(entries), last_served):
-            # Not kept: read while the thread changed under us, or no room it may take.
-            self._remember(thread_id)
-            return entries
+        if entries is None:
+            last_served = cached.served if cached is not None else self._ghosts.pop(thread_id, None)
+            if latest_summary_seq(store, thread_id) is not None:
+                self._remember(thread_id)
+                return visible_entries(store, thread_id, 0, up_to_seq)
+            entries, head = _read_chained(store, thread_id, 0, up_to_seq, GENESIS_HEAD)
+            if head != state.head or not self._admit(len(entries), last_served):
+                # Not kept: read while the thread changed under us, or no room it may take.
+                self._remember(thread_id)
+                return entries
         self._threads[thread_id] = _Cached(up_to_seq, state.head, entries, self._served)
         self._entries += len(entries)
+        self._evict()  # a held thread grown past the capacity; an admitted one made its room
         return entries
 
     def _admit(self, size: int, last_served: int | None) -> bool:
@@ -347,9 +345,7 @@ class HistoryCache:
         if size > room + freed:
             return False
         for _ in range(displaced):
-            gone, held = self._threads.popitem(last=False)
-            self._entries -= len(held.entries)
-            self._remember(gone, held.served)
+            self._drop_oldest()
         return True
 
     def _remember(self, thread_id: str, served: int | None = None) -> None:
@@ -392,9 +388,13 @@ class HistoryCache:
     def _evict(self) -> None:
         """Drop the least recently served threads until the entries fit the capacity."""
         while self._entries > self._capacity and self._threads:
-            gone, evicted = self._threads.popitem(last=False)
-            self._entries -= len(evicted.entries)
-            self._remember(gone, evicted.served)
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        """Evict the least recently served thread, remembering when it was served."""
+        gone, evicted = self._threads.popitem(last=False)
+        self._entries -= len(evicted.entries)
+        self._remember(gone, evicted.served)
 
     def __len__(self) -> int:
         """How many threads are held."""
