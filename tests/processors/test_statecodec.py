@@ -25,10 +25,23 @@ from torpor.processors.store.statecodec import (
     encode_request,
     encode_state,
     entry_canonical,
+    read_entry_row,
 )
 from torpor.processors.store.tables import load_state, read_entries
-from torpor.schemas.codec import canonical_bytes, decode_value, encode_value
-from torpor.schemas.records import HistoryEntry, ImageBlock, Input, ThinkingBlock, UserMessage
+from torpor.schemas.codec import canonical_bytes, decode_value, encode_value, single_object_header
+from torpor.schemas.errors import DecodeError
+from torpor.schemas.records import (
+    AssistantEntry,
+    HistoryEntry,
+    ImageBlock,
+    Input,
+    TextBlock,
+    ThinkingBlock,
+    ToolCall,
+    Usage,
+    UserEntry,
+    UserMessage,
+)
 
 
 def canonical_rows(state: ThreadState) -> tuple[bytes, bytes]:
@@ -146,6 +159,42 @@ def test_a_history_row_of_another_schema_is_chained_over_its_entry_encoded_again
     # As if the row had been written under an older HistoryEntry schema: its framing differs.
     monkeypatch.setattr(statecodec, "single_object_header", lambda cls: b"\xc3\x01" + b"\x00" * 8)
     assert entry_canonical(raw) == canonical_bytes(entry)
+
+
+def some_entries() -> list[HistoryEntry]:
+    """A thread's first entries and an assistant turn with reasoning, text, a tool call and an image."""
+    store, _ = a_state()
+    turn = AssistantEntry((ThinkingBlock("hm", "sig"), TextBlock("h\u00e9")),
+                          (ToolCall("c1", "search", '{"q": 1}'),), "m", Usage(1, 2, 3))
+    seen = UserEntry((ImageBlock("image/png", b"\x89PNG"), TextBlock("look")), True)
+    return [*read_entries(store, "t1"), HistoryEntry(7, 8, "m8", turn), HistoryEntry(8, 9, "m9", seen)]
+
+
+def test_a_history_row_read_in_a_run_is_its_entry_and_the_bytes_its_link_covers() -> None:
+    for entry in some_entries():
+        raw = encode_value(entry)
+        read, canonical = read_entry_row(raw)
+        assert read == decode_value(raw, HistoryEntry) == entry
+        assert canonical == entry_canonical(raw) == canonical_bytes(entry)
+
+
+def test_a_history_read_whole_leaves_the_rows_just_written_to_the_memo() -> None:
+    # The memo serves the stage the rows the step just wrote; a long history read in a
+    # run (a thread the stage's cache does not hold) must not push them out of it.
+    written = some_entries()[-1]
+    raw = encode_entry(written)  # remembered: its next read is this very object
+    for seq in range(5_000):  # more rows than the memo holds
+        read_entry_row(encode_value(dataclasses.replace(written, seq=1_000 + seq)))
+    assert decode_entry(raw) is written
+
+
+def test_a_history_row_its_reader_cannot_read_whole_is_refused_as_decode_entry_refuses_it() -> None:
+    header = single_object_header(HistoryEntry)
+    for raw in (header + b"\xff\xff\xff", encode_value(some_entries()[0]) + b"\x00"):
+        with pytest.raises(DecodeError):
+            decode_entry(raw)
+        with pytest.raises(DecodeError):
+            read_entry_row(raw)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -574,6 +574,20 @@ def default_codec() -> Codec:
     return Codec(None)
 
 
+def straight_reading(cls: type) -> tuple[bytes, Callable[[bytes, int], tuple[object, int]] | None]:
+    """The single-object header of `cls`'s current schema, and the reader that reads a body
+    of that schema straight into `cls` from ``data[start:]`` (returning the value and where
+    it ended), or None where there is none: for a caller that reads many values of one
+    class in a row and checks the framing itself, without the calls `decode_value` makes
+    per value. Bytes it does not read whole (any exception, bytes left over, another
+    class) are for `decode_value`, which reads what it can and reports what is wrong.
+
+    Raises `ContractError` for a class without a schema, as `single_object_header` does.
+    """
+    codec = default_codec()._class(cls)
+    return codec.single_object_header, codec.reader
+
+
 def canonical_bytes(record: object) -> bytes:
     """The schemaless Avro binary encoding of `record` under its current schema.
 

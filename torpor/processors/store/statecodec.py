@@ -47,7 +47,13 @@ from typing import Final, TypeVar
 
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import ThreadState
-from torpor.schemas.codec import canonical_bytes, decode_value, encode_value, single_object_header
+from torpor.schemas.codec import (
+    canonical_bytes,
+    decode_value,
+    encode_value,
+    single_object_header,
+    straight_reading,
+)
 from torpor.schemas.records import HistoryEntry, Input, ThreadConfig
 from torpor.schemas.sortedjson import sorted_json
 
@@ -512,6 +518,32 @@ def entry_canonical(raw: bytes) -> bytes:
 
 def decode_entry(raw: bytes) -> HistoryEntry:
     return _ENTRIES.get(bytes(raw), _decode_entry)
+
+
+def read_entry_row(raw: bytes) -> tuple[HistoryEntry, bytes]:
+    """The entry history row `raw` holds and its canonical bytes (`entry_canonical`), for a
+    reader of many rows in a row (a thread's history read whole): the memo of recent entries
+    is neither asked nor filled. Its 4,096 places serve the rows just written (the stage
+    reads back what the step appended); a whole history streamed through it found nothing
+    and evicted those, at the cost of hashing every row's bytes and an ordered-map update."""
+    header, reader = _entry_reading()
+    start = len(header)
+    current = raw[:start] == header
+    if current and reader is not None:
+        try:
+            value, end = reader(raw, start)
+        except Exception:  # read again below by `decode_value`, which says what is wrong
+            end = -1
+        if end == len(raw) and isinstance(value, HistoryEntry):
+            return value, bytes(raw[start:])
+    entry = _decode_entry(raw)
+    return entry, bytes(raw[start:]) if current else canonical_bytes(entry)
+
+
+@functools.cache
+def _entry_reading() -> tuple[bytes, Callable[[bytes, int], tuple[object, int]] | None]:
+    """`straight_reading(HistoryEntry)`, looked up once: the shipped schemas do not change in a process."""
+    return straight_reading(HistoryEntry)
 
 
 def _decode_entry(raw: bytes) -> HistoryEntry:

@@ -24,7 +24,13 @@ from torpor.processors.fold.history import advance_bytes
 from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
-from torpor.processors.store.statecodec import decode_entry, decode_request, decode_state, entry_canonical
+from torpor.processors.store.statecodec import (
+    decode_entry,
+    decode_request,
+    decode_state,
+    entry_canonical,
+    read_entry_row,
+)
 from torpor.schemas.records import HistoryEntry, SummaryEntry
 
 
@@ -233,12 +239,15 @@ def _read_chained(
     """
     entries: list[HistoryEntry] = []
     if up_to_seq - from_seq <= POINT_READS_UP_TO:
-        rows: Iterator[bytes] = _rows_by_seq(store, thread_id, from_seq, up_to_seq)
-    else:
-        rows = _rows_by_scan(store, thread_id, from_seq, up_to_seq)
-    for raw in rows:
-        entries.append(decode_entry(raw))
-        head = advance_bytes(head, entry_canonical(raw))
+        # What a turn appended: the rows the step just wrote, decoded from its memo.
+        for raw in _rows_by_seq(store, thread_id, from_seq, up_to_seq):
+            entries.append(decode_entry(raw))
+            head = advance_bytes(head, entry_canonical(raw))
+        return tuple(entries), head
+    for raw in _rows_by_scan(store, thread_id, from_seq, up_to_seq):
+        entry, canonical = read_entry_row(raw)
+        entries.append(entry)
+        head = advance_bytes(head, canonical)
     return tuple(entries), head
 
 
