@@ -92,12 +92,13 @@ def with_sender(row: bytes | None, sender: bytes) -> bytes:
 def read_entries(
     store: Store, thread_id: str, from_seq: int = 0, up_to_seq: int | None = None
 ) -> Iterator[HistoryEntry]:
-    """Stored history entries with `from_seq <= seq < up_to_seq`, in seq order."""
+    """Stored history entries with `from_seq <= seq < up_to_seq`, in seq order (a run of
+    rows: read as `_read_chained` reads one, past the memo of rows just written)."""
     start = keys.history_key(thread_id, from_seq)
     for key, raw in store.iterate(keys.history_prefix(thread_id), start):
         if up_to_seq is not None and keys.seq_of_history_key(key) >= up_to_seq:
             return
-        yield decode_entry(raw)
+        yield read_entry_row(raw)[0]
 
 
 def read_prefix_within(
