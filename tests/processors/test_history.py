@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
-from torpor.processors.fold.history import advance, chain
+from hypothesis import given
+from hypothesis import strategies as st
+
+from torpor.processors.fold.history import advance, advance_bytes, advance_link, chain
 from torpor.processors.fold.state import GENESIS_HEAD
 from torpor.schemas.codec import canonical_bytes
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
@@ -35,3 +38,14 @@ def test_the_chain_depends_on_every_entry_and_their_order() -> None:
     assert chain((a, b)) != chain((b, a))
     assert chain((a, b)) != chain((a, entry(1, "c")))
     assert chain((a, b)) == advance(advance(GENESIS_HEAD, a), b)
+
+
+@given(st.lists(st.binary(max_size=64), max_size=12), st.sampled_from([GENESIS_HEAD, "ab" * 32]))
+def test_a_run_chained_on_raw_links_ends_on_the_head_chained_on_hex(
+    canonicals: list[bytes], head: str
+) -> None:
+    link = bytes.fromhex(head)
+    for canonical in canonicals:
+        head = advance_bytes(head, canonical)
+        link = advance_link(link, canonical)
+        assert link.hex() == head

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from torpor.processors.fold.effects import RequestCompletion
-from torpor.processors.fold.history import advance_bytes
+from torpor.processors.fold.history import advance_bytes, advance_link
 from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
@@ -245,11 +245,12 @@ def _read_chained(
             entries.append(decode_entry(raw))
             head = advance_bytes(head, entry_canonical(raw))
         return tuple(entries), head
+    link = bytes.fromhex(head)
     for raw in _rows_by_scan(store, thread_id, from_seq, up_to_seq):
         entry, canonical = read_entry_row(raw)
         entries.append(entry)
-        head = advance_bytes(head, canonical)
-    return tuple(entries), head
+        link = advance_link(link, canonical)
+    return tuple(entries), link.hex()
 
 
 def _rows_by_seq(store: Store, thread_id: str, from_seq: int, up_to_seq: int) -> Iterator[bytes]:
