@@ -52,13 +52,13 @@ class CountingStore:
         self.history_reads += _is_history(prefix)
         return self.inner.iterate(prefix, start)
 
+    def apply(self, changes: list[Change] | tuple[Change, ...]) -> None:
+        self.inner.apply(changes)
+
 
 def _is_history(key: bytes) -> bool:
     thread = keys.thread_of_prefix(keys.thread_prefix_of(key))
     return key.startswith(keys.history_prefix(thread))
-
-    def apply(self, changes: list[Change] | tuple[Change, ...]) -> None:
-        self.inner.apply(changes)
 
 
 class Thread:
