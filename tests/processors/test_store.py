@@ -4,6 +4,7 @@ that evicts at once, and none), and an Overlay over each."""
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -251,6 +252,117 @@ def test_a_row_cache_evicts_exactly_the_oldest_writes_as_a_reference_model_does(
             cache.resize(capacity)
             _evicted_oldest_first(model, capacity)
             assert list(cache._rows.items()) == list(model.items())
+
+
+_OPS = st.lists(
+    st.one_of(st.tuples(st.just("write"), st.lists(st.tuples(_KEYS, st.none() | st.binary(max_size=40)),
+                                                   max_size=5)),
+              st.tuples(st.just("admit"), st.tuples(_KEYS, st.binary(max_size=40)))),
+    max_size=16,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=_OPS, cache_bytes=st.sampled_from([0, 80, 200, 400, 1 << 20]))
+def test_a_row_cache_admits_a_found_row_it_does_not_hold_as_its_newest_as_a_reference_model_does(
+    ops: list[tuple[str, object]], cache_bytes: int
+) -> None:
+    cache = RowCache(cache_bytes)
+    model: dict[bytes, bytes | None] = {}
+    for kind, arg in ops:
+        if kind == "write":
+            batch = arg
+            assert isinstance(batch, list)
+            cache.writing()
+            cache.remember(batch)
+            if cache_bytes:
+                for key, value in batch:
+                    model.pop(key, None)
+                    model[key] = value
+        else:
+            key, value = arg  # type: ignore[misc]
+            cache.admit(key, value, cache.writes)  # no write since the read: kept, unless held
+            if cache_bytes and key not in model:
+                model[key] = value
+        _evicted_oldest_first(model, cache_bytes)
+        assert list(cache._rows.items()) == list(model.items())
+        assert cache._bytes == sum(len(k) + len(v or b"") + 64 for k, v in model.items())
+
+
+def test_a_row_cache_does_not_admit_a_read_that_a_write_began_during() -> None:
+    cache = RowCache(2 * (64 + 2))  # two rows of a one-byte key and value
+    # A reader counts the writes, reads k = "0"; the writer then writes k = "1", and a later
+    # write evicts it: kept now, the read would serve "0" after "1" was written.
+    before = cache.writes
+    cache.writing()
+    cache.remember([(b"k", b"1")])
+    cache.writing()
+    cache.remember([(b"a", b"x"), (b"b", b"y")])
+    cache.admit(b"k", b"0", before)
+    assert cache.lookup(b"k") == (False, None)
+    # A write begun and not yet remembered: the read may have seen either value; not kept.
+    before = cache.writes
+    cache.writing()
+    cache.admit(b"k", b"0", before)
+    assert cache.lookup(b"k") == (False, None)
+    # Counted after the write began: the read may be the old value, kept until the write's
+    # `remember` replaces it.
+    during = cache.writes
+    cache.admit(b"k", b"0", during)
+    assert cache.lookup(b"k") == (True, b"0")
+    cache.remember([(b"k", b"1")])
+    assert cache.lookup(b"k") == (True, b"1")
+
+
+def test_a_rocks_store_serves_a_row_it_found_from_memory_and_keeps_no_miss(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db", row_cache_bytes=2 * (64 + 4))  # about two rows
+    try:
+        store.apply([(b"cfg", b"c")])  # written once, read at every input (a config row)
+        store.apply([(b"k1", b"1"), (b"k2", b"2")])  # later writes push it out
+        assert store._recent.lookup(b"cfg") == (False, None)
+        assert store.get(b"cfg") == b"c"  # from RocksDB, and kept
+        assert store._recent.lookup(b"cfg") == (True, b"c")
+        assert store.get(b"never") is None
+        assert store._recent.lookup(b"never") == (False, None)
+        store.apply([(b"cfg", b"d")])
+        assert store.get(b"cfg") == b"d"
+    finally:
+        store.close()
+
+
+def test_a_reader_thread_never_sees_a_row_go_back_while_the_writer_writes(tmp_path: Path) -> None:
+    """The model stage reads the processor's store while its checkpoint loop writes it: a
+    value a read found must never be kept over a newer write (each key's values only grow)."""
+    store = RocksStore(tmp_path / "db", row_cache_bytes=4 * (64 + 12))  # evicts at most writes
+    names = [b"k%d" % i for i in range(8)]
+    rounds = 3000
+    done = threading.Event()
+    regressions: list[tuple[bytes, int, int]] = []
+
+    def read() -> None:
+        seen = dict.fromkeys(names, -1)
+        while not done.is_set():
+            for key in names:
+                raw = store.get(key)
+                value = -1 if raw is None else int(raw)
+                if value < seen[key]:
+                    regressions.append((key, seen[key], value))
+                seen[key] = value
+
+    reader = threading.Thread(target=read, name="reader")
+    reader.start()
+    try:
+        for n in range(rounds):
+            store.apply([(names[n % len(names)], b"%012d" % n)])
+    finally:
+        done.set()
+        reader.join(timeout=120)
+    try:
+        assert not reader.is_alive() and regressions == []
+        last = {names[n % len(names)]: n for n in range(rounds)}
+        assert {key: int(store.get(key) or b"-1") for key in names} == last
+    finally:
+        store.close()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

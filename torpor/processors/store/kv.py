@@ -309,29 +309,40 @@ _ROW_OVERHEAD: Final = 64  # bytes a cached row costs beyond its key and value (
 # row budget are held weakly (`_shared_rows`), and a compiled class takes no weak reference.
 @mypyc_attr(native_class=False)
 class RowCache:
-    """The rows one store wrote last, by key (None: deleted), oldest write evicted first.
+    """The rows one store wrote (or found) last, by key (None: deleted), oldest evicted first.
 
     Why: each input reads back rows the step wrote a checkpoint earlier (the thread's
     state, its awaiting-model index row) and the model stage reads the state and the
     history rows just appended; served from RocksDB, each read was a call into RocksDB
     (the memtable, the bloom filters, the block cache) costing more than the fold's work
-    on it. Kept in write order, not read order: a thread's rows are rewritten at each
-    input, so the oldest write is the coldest row.
+    on it. Kept in the order rows came in, not refreshed by a read that finds one: a
+    thread's rows are rewritten at each input, so the oldest write is the coldest row.
 
-    Only `remember` (called by the store's one writer, after its batch is written) fills
-    it; a read never does, so a reader on another thread (the model stage in Kafka mode)
-    cannot put back a value older than a write that overtook it. A reader sees either the
+    `remember` (called by the store's one writer, after its batch is written) fills it, and
+    so does `admit`: a row a read found in RocksDB, kept as the newest. Why admit reads: a
+    row written once and read at every input (a thread's config row) left the cache as the
+    writes went on, and was then read from RocksDB (the index, a data block) at every
+    input, ~0.5 such reads per local completion (4-5% of local mode's CPU, bench/README.md,
+    stop 34). A reader may run on another thread than the writer (the model stage in Kafka
+    mode), so a read must not put back a value older than a write that overtook it: the
+    writer counts its writes at both ends (`writing` before RocksDB is written, `remember`
+    after), and `admit` keeps the row only if the count is still the one read before the
+    read began: a read that a write began during is not kept, and a row kept while a write
+    was under way is then replaced by that write's `remember`. A reader sees either the
     value before a batch or after it, as it would reading RocksDB: reads are dict
-    operations, each atomic under the GIL. `resize` (a store of the process opened or
-    closed: the caches share one budget) may run on another thread than the writer, so the
-    two take a lock. Bounded by bytes, not by threads: a fixed cost per process.
+    operations, each atomic under the GIL. `admit`, `remember` and `resize` (a store of the
+    process opened or closed: the caches share one budget, from any thread) take a lock.
+    Bounded by bytes, not by threads: a fixed cost per process.
     """
 
     def __init__(self, capacity_bytes: int) -> None:
         self._capacity = _checked_capacity(capacity_bytes)
         self._rows: dict[bytes, bytes | None] = {}
         self._bytes = 0
-        self._changing = threading.Lock()  # `remember` on the writer, `resize` on any thread
+        self._changing = threading.Lock()  # `remember` on the writer, `admit` and `resize` on any thread
+        self.writes = 0
+        """Counts each write at its start (`writing`) and at its end (`remember`): read it before
+        a read of the store, and pass it to `admit`."""
 
     def lookup(self, key: bytes) -> tuple[bool, bytes | None]:
         """(True, value or None for a deleted row) if the cache knows `key`, else (False, None)."""
@@ -340,9 +351,24 @@ class RowCache:
             return False, None
         return True, value  # type: ignore[return-value]
 
+    def writing(self) -> None:
+        """The writer is about to write the store: a read begun before must not be admitted."""
+        with self._changing:
+            self.writes += 1
+
+    def admit(self, key: bytes, value: bytes, writes: int) -> None:
+        """Keep `value`, which a read of `key` found in the store, as the newest row, if no
+        write began since the count was `writes` (read before the read began)."""
+        with self._changing:
+            if self.writes != writes or self._capacity == 0 or key in self._rows:
+                return
+            self._rows[key] = value
+            self._bytes = self._evict(self._bytes + len(key) + _ROW_OVERHEAD + len(value))
+
     def remember(self, changes: Sequence[Change]) -> None:
         """Record `changes`, just written to the store, as the newest rows."""
         with self._changing:
+            self.writes += 1
             if self._capacity == 0:
                 return
             rows, pop, held = self._rows, self._rows.pop, self._bytes
@@ -450,11 +476,15 @@ class RocksStore:
         self._write_options.sync = sync
 
     def get(self, key: bytes) -> bytes | None:
-        known, cached = self._recent.lookup(key)
+        recent = self._recent
+        known, cached = recent.lookup(key)
         if known:
             return cached
+        writes = recent.writes
         value = self._db.get(key)
         assert value is None or isinstance(value, bytes)
+        if value is not None:  # a miss is not kept: most are ids never seen, then written
+            recent.admit(key, value, writes)
         return value
 
     def put(self, key: bytes, value: bytes) -> None:
@@ -479,6 +509,7 @@ class RocksStore:
                 batch.delete(key)
             else:
                 batch.put(key, value)
+        self._recent.writing()  # a read overlapping this write is not admitted (`RowCache`)
         self._db.write(batch, self._write_options)
         self._recent.remember(rows)  # only once written: a failed write leaves it as it was
 
