@@ -2,7 +2,8 @@
 
 Contract. Runs `--agents` agents in waves of `--wave` (each agent: `--turns` turns, two
 completions and one tool round trip per turn, see `bench.workload`) through
-`LocalRuntime` with the RocksDB store, the stateless `BenchModel` and the
+`LocalRuntime` with the RocksDB store (in local mode's own temp directory, as `torpor
+local` runs it, unless `--store-dir`), the stateless `BenchModel` and the
 `ForgetfulBenchTool`. After each turn of a wave: run until idle, then trim the in-process
 log (it stands in for Kafka, see `bench.retention`). After each wave: `gc.collect()`,
 sample this process's RSS and what the bounded store caches hold (`kv.cache_use`). The
@@ -24,8 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,7 @@ class Counter:
 
 
 async def run(
-    agents: int, turns: int, wave: int, store_dir: Path, batch_size: int
+    agents: int, turns: int, wave: int, store_dir: Path | None, batch_size: int
 ) -> tuple[list[figures.WaveRow], dict[str, object]]:
     runtime: LocalRuntime
     # The tool's sink is bound late: the runtime needs the tool, the tool the runtime's sink.
@@ -67,6 +66,8 @@ async def run(
         BenchModel(), tool, LocalConfig(store="rocks", store_dir=store_dir, batch_size=batch_size)
     )
     runtime.log = RetainedLog()  # type: ignore[assignment]
+    store_root = runtime.store_root
+    assert store_root is not None  # a RocksDB store: in `store_dir`, or local mode's own temp directory
     counter = Counter()
     runtime.observers.append(counter.observe)
     rows: list[figures.WaveRow] = []
@@ -87,7 +88,7 @@ async def run(
             seconds = sample_started - wave_started
             gc.collect()
             done = counter.completions - before
-            rss, store, use = rss_bytes(), dir_bytes(store_dir), cache_use()
+            rss, store, use = rss_bytes(), dir_bytes(store_root), cache_use()
             sampling_s += time.perf_counter() - sample_started
             sampling_cpu += cpu_seconds() - sample_cpu
             caches = use.block_cache + use.memtables + use.rows
@@ -116,18 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=LocalConfig().batch_size)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument(
-        "--store-dir", type=Path, default=None, help="Default: a temp directory, removed after."
+        "--store-dir", type=Path, default=None,
+        help="Default: local mode's own temp directory (as `torpor local` runs: no write-ahead log), "
+             "removed after.",
     )
     args = parser.parse_args(argv)
     if args.agents < 1 or args.turns < 1 or args.wave < 1:
         parser.error("--agents, --turns and --wave must be at least 1")
-    store_dir = args.store_dir or Path(tempfile.mkdtemp(prefix="torpor-bench-local-"))
     tune_collector()  # this process runs the runtime, as `torpor processor` does its own
-    try:
-        rows, summary = asyncio.run(run(args.agents, args.turns, args.wave, store_dir, args.batch_size))
-    finally:
-        if args.store_dir is None:
-            shutil.rmtree(store_dir, ignore_errors=True)
+    rows, summary = asyncio.run(run(args.agents, args.turns, args.wave, args.store_dir, args.batch_size))
     figures.write(args.out, "local", SUMMARY_COLUMNS, rows, summary, "local mode: RSS after each wave")
     figures.report(summary)
     return figures.exit_status(summary)

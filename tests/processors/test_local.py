@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
 from torpor.cli.local import DEMO, LocalRun, play
 from torpor.cli.scenario import load, parse
 from torpor.processors.fold.state import Status
-from torpor.processors.local import LocalConfig
+from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import keys
 from torpor.processors.store.kv import MemoryStore, RocksStore
@@ -201,3 +202,40 @@ def test_a_malformed_scenario_is_refused_with_the_entry_named() -> None:
         parse({"thread": {"id": "x"}, "steps": [{"dance": True}]})
     with pytest.raises(ScenarioError, match=r"\[thread\]"):
         parse({"steps": []})
+
+
+
+def _log_bytes(root: Path) -> int:
+    """What RocksDB's write-ahead log files under `root` (every partition's store) hold."""
+    return sum(f.stat().st_size for f in root.rglob("*.log"))
+
+
+@pytest.mark.parametrize("own_directory", [True, False])
+def test_local_modes_own_temp_store_keeps_no_write_ahead_log_and_a_given_directory_does(
+    tmp_path: Path, own_directory: bool
+) -> None:
+    """A temp directory is removed on close and never opened again: a log would protect
+    nothing. A directory the caller gives may be opened again: its log stays on."""
+    given = None if own_directory else tmp_path / "stores"
+    config = LocalConfig(store="rocks", partitions=2, store_dir=given)
+
+    async def run() -> Path:
+        runtime: LocalRuntime
+        tool = ForgetfulBenchTool(lambda record: runtime.send(record), now_ms)
+        runtime = LocalRuntime(BenchModel(), tool, config)
+        try:
+            agents = [agent_id(i) for i in range(4)]
+            for thread_id in agents:
+                runtime.send(create_input(thread_id, now_ms()))
+                runtime.send(turn_input(thread_id, 1, now_ms()))
+            await runtime.run_until_idle(60)
+            root = runtime.store_root
+            assert root is not None and root.is_dir()
+            assert all(any(load_state(store, t) is not None for store in runtime.stores) for t in agents)
+            assert (_log_bytes(root) == 0) is own_directory
+            return root
+        finally:
+            await runtime.close()
+
+    root = asyncio.run(run())
+    assert root.exists() is not own_directory  # the temp directory went with the runtime

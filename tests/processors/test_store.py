@@ -507,3 +507,21 @@ def test_store_bounds_out_of_range_are_refused(bounds: dict[str, int]) -> None:
         kv.StoreMemory(**bounds)
     with pytest.raises(ValueError):
         RowCache(10).resize(-1)
+
+
+def _log_bytes(path: Path) -> int:
+    """What RocksDB's write-ahead log files in `path` hold."""
+    return sum(f.stat().st_size for f in path.glob("*.log"))
+
+
+@pytest.mark.parametrize("wal", [True, False])
+def test_a_store_without_a_write_ahead_log_writes_none_and_reads_the_same(tmp_path: Path, wal: bool) -> None:
+    store = RocksStore(tmp_path / "db", wal=wal)
+    try:
+        store.apply([(b"k%d" % i, b"v" * 100) for i in range(50)])
+        assert (_log_bytes(tmp_path / "db") > 0) is wal
+        assert store.get(b"k7") == b"v" * 100 and len(list(store.iterate(b"k"))) == 50
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="write-ahead log"):
+        RocksStore(tmp_path / "other", wal=False, sync=True)

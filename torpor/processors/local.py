@@ -107,7 +107,7 @@ class LocalConfig:
 
     partitions: int = 1  # one is plenty on a laptop; more exercises the murmur2 routing
     store: str = "rocks"  # "rocks" (the processor's real store) or "memory"
-    store_dir: Path | None = None  # None: a temp directory, removed on close
+    store_dir: Path | None = None  # None: a temp directory, removed on close (no write-ahead log)
     batch_size: int = 200  # inputs per step: one local "checkpoint"
     # Short backoffs: a local run should show a retry, not wait through one.
     stage: StageConfig = field(default_factory=lambda: StageConfig(backoff_initial_s=0.05, backoff_max_s=0.5))
@@ -181,8 +181,16 @@ class LocalRuntime:
         base = self.config.store_dir
         if base is None:
             self._temp_dir = self._temp_dir or Path(tempfile.mkdtemp(prefix="torpor-local-"))
-            base = self._temp_dir
+            # Removed on close and never opened again: no write-ahead log (`RocksStore`).
+            return RocksStore(partition_dir(self._temp_dir, partition), wal=False)
         return RocksStore(partition_dir(base, partition))
+
+    @property
+    def store_root(self) -> Path | None:
+        """The directory holding the stores' partitions (None: stores in memory)."""
+        if self.config.store == "memory":
+            return None
+        return self.config.store_dir or self._temp_dir
 
     # --- producing -----------------------------------------------------------------
 

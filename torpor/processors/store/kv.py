@@ -437,11 +437,18 @@ class RocksStore:
     `sync` (default off) also survives a machine crash, at a cost per batch. Losing the
     last batches to a machine crash is safe: the store may lag the changelog, and
     restore replays the changelog from the offsets recorded here.
+
+    `wal=False` is for a store nobody opens again (local mode's temp directory, removed on
+    close): a crash loses the directory with the process, so the log would protect nothing,
+    and writing it cost each batch a checksum and a write (~2% of local mode's CPU,
+    bench/README.md, stop 34). `sync` needs the log.
     """
 
     def __init__(
-        self, path: Path | str, *, sync: bool = False, row_cache_bytes: int | None = None
+        self, path: Path | str, *, sync: bool = False, row_cache_bytes: int | None = None, wal: bool = True
     ) -> None:
+        if sync and not wal:
+            raise ValueError("sync=True needs the write-ahead log (wal=True)")
         self.path = Path(path)
         self._recent = RowCache(0 if row_cache_bytes is None else row_cache_bytes)
         # Histories are private: only the processor's own user may read the store (0700,
@@ -470,9 +477,11 @@ class RocksStore:
         if row_cache_bytes is None:  # a share of the process's, not a size of its own; once open
             _join_rows(self._recent)
         self._write_options = WriteOptions()
-        # The WAL stays on (WriteOptions' default: disable_wal=False): it is what makes an
-        # applied batch survive a process crash. Not set here because rocksdict's stub
-        # declares the property as a method.
+        # The WAL is on unless `wal=False` (WriteOptions' default: disable_wal=False): it is
+        # what makes an applied batch survive a process crash. Set through `setattr` because
+        # rocksdict's stub declares the property as a method.
+        if not wal:
+            setattr(self._write_options, "disable_wal", True)  # noqa: B010
         self._write_options.sync = sync
 
     def get(self, key: bytes) -> bytes | None:
