@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from torpor.cli import logs
-from torpor.streams.logfields import log_fields
+from torpor.streams.logfields import add_fields, log_fields
 
 
 @pytest.fixture
@@ -91,3 +91,21 @@ def test_the_text_format_is_unchanged(restore_logging: None, capsys: pytest.Capt
     err = capsys.readouterr().err.splitlines()
     assert err[0].endswith("INFO torpor.test: hello partition=1 request_id=rq-9")
     assert err[1] == "started"
+
+
+def test_log_fields_nest_skip_none_and_leave_the_outer_context_after_an_error() -> None:
+    record = logging.LogRecord("torpor.test", logging.INFO, __file__, 1, "m", None, None)
+
+    def fields() -> dict[str, object]:
+        seen = logging.LogRecord("torpor.test", logging.INFO, __file__, 1, "m", None, None)
+        add_fields(seen)
+        return {k: getattr(seen, k) for k in ("thread_id", "request_id") if hasattr(seen, k)}
+
+    assert fields() == {}
+    with log_fields(thread_id="t-1", request_id=None):
+        assert fields() == {"thread_id": "t-1"}
+        with pytest.raises(RuntimeError), log_fields(request_id="rq-1"):
+            assert fields() == {"thread_id": "t-1", "request_id": "rq-1"}
+            raise RuntimeError("inside")
+        assert fields() == {"thread_id": "t-1"}
+    assert fields() == {} and add_fields(record) and not hasattr(record, "thread_id")
