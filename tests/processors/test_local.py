@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
+from tests.processors.test_store import wal_bytes
 from torpor.cli.local import DEMO, LocalRun, play
 from torpor.cli.scenario import load, parse
 from torpor.processors.fold.state import Status
@@ -204,12 +205,6 @@ def test_a_malformed_scenario_is_refused_with_the_entry_named() -> None:
         parse({"steps": []})
 
 
-
-def _log_bytes(root: Path) -> int:
-    """What RocksDB's write-ahead log files under `root` (every partition's store) hold."""
-    return sum(f.stat().st_size for f in root.rglob("*.log"))
-
-
 @pytest.mark.parametrize("own_directory", [True, False])
 def test_local_modes_own_temp_store_keeps_no_write_ahead_log_and_a_given_directory_does(
     tmp_path: Path, own_directory: bool
@@ -232,7 +227,7 @@ def test_local_modes_own_temp_store_keeps_no_write_ahead_log_and_a_given_directo
             root = runtime.store_root
             assert root is not None and root.is_dir()
             assert all(any(load_state(store, t) is not None for store in runtime.stores) for t in agents)
-            assert (_log_bytes(root) == 0) is own_directory
+            assert (wal_bytes(root) == 0) is own_directory
             return root
         finally:
             await runtime.close()

@@ -509,9 +509,9 @@ def test_store_bounds_out_of_range_are_refused(bounds: dict[str, int]) -> None:
         RowCache(10).resize(-1)
 
 
-def _log_bytes(path: Path) -> int:
-    """What RocksDB's write-ahead log files in `path` hold."""
-    return sum(f.stat().st_size for f in path.glob("*.log"))
+def wal_bytes(root: Path) -> int:
+    """What RocksDB's write-ahead log files under `root` hold (one store, or every partition's)."""
+    return sum(f.stat().st_size for f in root.rglob("*.log"))
 
 
 @pytest.mark.parametrize("wal", [True, False])
@@ -519,7 +519,7 @@ def test_a_store_without_a_write_ahead_log_writes_none_and_reads_the_same(tmp_pa
     store = RocksStore(tmp_path / "db", wal=wal)
     try:
         store.apply([(b"k%d" % i, b"v" * 100) for i in range(50)])
-        assert (_log_bytes(tmp_path / "db") > 0) is wal
+        assert (wal_bytes(tmp_path / "db") > 0) is wal
         assert store.get(b"k7") == b"v" * 100 and len(list(store.iterate(b"k"))) == 50
     finally:
         store.close()
