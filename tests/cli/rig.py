@@ -89,7 +89,8 @@ def start_thread(deployment: Deployment, thread: str, text: str, tool: str) -> N
     # A connector publishes its manifest when it starts; `send --new` resolves the tool from it.
     wait_until(lambda: deployment.run([TORPOR, "send", thread, text, "--new", "--tool", tool, "--model",
                                        "scripted"]).returncode == 0,
-               timeout=60, message=f"send --new; connector log:\n{deployment.log('connector')[-2000:]}")
+               timeout=60, message=lambda: f"send --new; connector log:\n"
+                                           f"{deployment.log('connector')[-2000:]}")
 
 
 def tailed(deployment: Deployment, thread: str, root: Path) -> str:

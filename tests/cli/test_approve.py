@@ -41,7 +41,7 @@ def test_a_pending_approval_is_shown_and_decided_from_the_command_line(deploymen
     start_thread(deployment, thread, "please deploy to staging", "deploy")
     request = rf"approval\? +Deploy staging\? -> torpor approve (\S+) \{{approve\|reject\}} --thread {thread}"
     asked = wait_until(lambda: re.search(request, tailed(deployment, thread, tmp_path)),
-                       timeout=120, message=f"the approval request; connector log:\n"
+                       timeout=120, message=lambda: f"the approval request; connector log:\n"
                                             f"{deployment.log('connector')[-2000:]}")
     approval_id = asked.group(1)
 

@@ -49,7 +49,7 @@ def test_a_thread_parked_on_a_bad_model_is_switched_and_unparked(deployment: Dep
     assert [line.split()[2] for line in sent.stdout.splitlines() if line.startswith("receipt ")] == \
         ["applied", "applied"], sent.stdout
     wait_until(lambda: " parked " in tailed(deployment, thread, tmp_path), timeout=120,
-               message=f"the thread parks; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the thread parks; processor log:\n{deployment.log('processor')[-3000:]}")
 
     said = control(deployment, thread, "set_model", "--model", "scripted")
     assert said.startswith(f"sent set_model to {thread}")

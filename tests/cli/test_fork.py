@@ -68,7 +68,7 @@ def test_a_fork_from_an_earlier_entry_answers_again_and_replays_exactly(deployme
         sent = deployment.run([TORPOR, "send", thread, text, *extra, "--wait", "60"])
         assert sent.returncode == 0, sent.stdout + sent.stderr
     wait_until(lambda: deployment.answers(thread) == [FIRST, SECOND], timeout=120,
-               message=f"two answers; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"two answers; processor log:\n{deployment.log('processor')[-3000:]}")
 
     fork = _elsewhere(thread)
     done = deployment.run([TORPOR, "fork", thread, "--at", "0", "--as", fork, "--operator", "ops",
@@ -79,7 +79,7 @@ def test_a_fork_from_an_earlier_entry_answers_again_and_replays_exactly(deployme
     assert [line.split()[2] for line in lines if line.startswith("receipt ")] == ["applied", "applied"], lines
     assert lines[-1] == f"forked {thread} at 0 as {fork}"
     wait_until(lambda: deployment.answers(fork) == [FIRST], timeout=120,
-               message=f"the fork's answer; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the fork's answer; processor log:\n{deployment.log('processor')[-3000:]}")
     forked, source = _history(deployment, fork), _history(deployment, thread)
     assert len(forked) == 2 and len(source) == 4, (forked, source)
     assert forked[0] == source[0]  # seq, kind, the same hash head, the same content

@@ -38,7 +38,7 @@ WAIT_S = 120.0
 def _receipt(deployment: KeyedDeployment, thread: str, message_id: str) -> Receipt:
     return wait_until(lambda: next((r for r in deployment.receipts()
                                     if r.thread_id == thread and r.input_id == message_id), None),
-                      timeout=WAIT_S, message=f"the receipt of {message_id}; processor log:\n"
+                      timeout=WAIT_S, message=lambda: f"the receipt of {message_id}; processor log:\n"
                                               f"{deployment.log('processor')[-2000:]}")
 
 

@@ -105,7 +105,7 @@ def test_a_reattached_tail_continues_without_gap_or_repeat(deployment: Deploymen
     thread = f"agent-{uuid.uuid4().hex[:8]}"
     start_thread(deployment, thread, "please ping (turn 1)", "echo")
     wait_until(lambda: answers(deployment, thread) == 1, timeout=120,
-               message=f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
 
     resume, first_out, second_out = tmp_path / "resume.json", tmp_path / "first.txt", tmp_path / "second.txt"
     first = tail(deployment, thread, resume, first_out)
@@ -149,7 +149,7 @@ def test_a_snapshot_mid_completion_holds_the_partial_text_and_follow_the_rest(de
     thread = f"agent-{uuid.uuid4().hex[:8]}"
     start_thread(deployment, thread, "please ping (turn 1)", "echo")
     wait_until(lambda: answers(deployment, thread) == 1, timeout=120,
-               message=f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
     send(deployment, thread, "take your time")
     with Observer(settings_of(deployment)) as observer:
         def streaming() -> Snapshot | None:
@@ -193,7 +193,7 @@ def test_a_no_follow_tail_interleaves_events_and_receipts_in_time_order(
     start_thread(deployment, thread, "please ping (turn 1)", "echo")
     inputs = 5  # the creation, the user's text, a completion, the echo's result, a completion
     wait_until(lambda: answers(deployment, thread) == 1, timeout=120,
-               message=f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"turn 1; processor log:\n{deployment.log('processor')[-3000:]}")
     wait_until(lambda: tailed(deployment, thread, tmp_path).count(" receipt ") == inputs, timeout=60,
                message="a receipt per input")
     shown = tailed(deployment, thread, tmp_path).splitlines()

@@ -172,14 +172,14 @@ def test_an_agent_uses_four_tools_through_kafka_across_a_connector_restart(
         REQUESTS.clear()
         RELEASE.clear()
         wait_until(lambda: len(REQUESTS) >= 1, timeout=120,
-                   message=f"the HTTP request; tools log:\n{deployment.log('tools-0')[-3000:]}\n"
+                   message=lambda: f"the HTTP request; tools log:\n{deployment.log('tools-0')[-3000:]}\n"
                            f"processor log:\n{deployment.log('processor')[-2000:]}")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         RELEASE.set()
         second = deployment.start(tools_connector("tools-1"), "tools-1")
         wait_until(lambda: FINAL in deployment.answers(thread), timeout=120,
-                   message=f"the final answer; answers {deployment.answers(thread)}\n"
+                   message=lambda: f"the final answer; answers {deployment.answers(thread)}\n"
                            f"tools log:\n{deployment.log('tools-1')[-3000:]}")
     finally:
         RELEASE.set()

@@ -109,7 +109,7 @@ def test_a_connector_killed_between_effect_and_result_does_not_repeat_the_effect
     monkeypatch.setenv("TORPOR_CONNECTOR_FAULT", "after_effect")
     crashing = deployment.start(_connector(deployment, *target), "connector-0")
     wait_until(lambda: crashing.poll() is not None, timeout=120,
-               message=f"the fault's kill; connector log:\n{deployment.log('connector-0')[-3000:]}")
+               message=lambda: f"the fault's kill; connector log:\n{deployment.log('connector-0')[-3000:]}")
     assert crashing.returncode == -signal.SIGKILL, deployment.log("connector-0")[-3000:]
     (dispatch,) = [d for d in deployment.dispatches() if d.thread_id == thread_id]
     assert effects() == [dispatch.request_id]  # the effect happened; its result was never produced
@@ -118,7 +118,7 @@ def test_a_connector_killed_between_effect_and_result_does_not_repeat_the_effect
     monkeypatch.delenv("TORPOR_CONNECTOR_FAULT")
     connector = deployment.start(_connector(deployment, *target), "connector-1")
     wait_until(lambda: "The effect is done." in deployment.answers(thread_id), timeout=120,
-               message=f"the final answer; connector log:\n{deployment.log('connector-1')[-3000:]}")
+               message=lambda: f"the final answer; connector log:\n{deployment.log('connector-1')[-3000:]}")
     assert effects() == [dispatch.request_id]  # reconciled, not performed again
     assert "1 effects reconciled" in deployment.log("connector-1")
     results = [i for i in deployment.inputs() if isinstance(i.body, ToolResult)]
@@ -141,7 +141,7 @@ def test_timers_pending_when_the_connector_dies_fire_once_after_a_restart(deploy
     processor = deployment.start(_processor(deployment), "processor")
     timers = deployment.start(_connector(deployment, "run-timers"), "timers-0")
     wait_until(lambda: deployment.log("timers-0").count("dispatch invoke timer journaled") == 3, timeout=120,
-               message=f"three journaled timers; timers log:\n{deployment.log('timers-0')[-3000:]}")
+               message=lambda: f"three journaled timers; timers log:\n{deployment.log('timers-0')[-3000:]}")
     timers.send_signal(signal.SIGKILL)
     timers.wait(timeout=30)
     due = [json.loads(d.arguments)["due_at"] for d in deployment.dispatches() if d.tool == "timer"]
@@ -151,7 +151,7 @@ def test_timers_pending_when_the_connector_dies_fire_once_after_a_restart(deploy
     wait_until(lambda: time.time() * 1000 > max(due), timeout=NAP_SECONDS + 30, message="the due times")
     restarted = deployment.start(_connector(deployment, "run-timers"), "timers-1")
     wait_until(lambda: all(deployment.answers(t) == ["Napping.", "Rested."] for t in threads), timeout=120,
-               message=f"every nap's end; timers log:\n{deployment.log('timers-1')[-3000:]}")
+               message=lambda: f"every nap's end; timers log:\n{deployment.log('timers-1')[-3000:]}")
     fired = [i for i in deployment.inputs() if isinstance(i.body, TimerFired)]
     assert Counter(i.thread_id for i in {i.message_id: i for i in fired}.values()) == Counter(threads)
     for record in fired:

@@ -83,7 +83,7 @@ def test_the_connector_metrics_count_what_it_took_produced_and_journaled(deploym
         return samples
 
     samples = wait_until(settled, timeout=WAIT_S,
-                         message=f"/metrics to settle; log:\n{deployment.log('connector')[-2000:]}")
+                         message=lambda: f"/metrics to settle; log:\n{deployment.log('connector')[-2000:]}")
     assert _value(samples, "torpor_connector_dispatches_total", kind="invoke", tool="echo") == 4
     assert _value(samples, "torpor_connector_dispatches_total", kind="cancel", tool="echo") == 1
     assert _value(samples, "torpor_connector_dispatches_total", kind="invoke", tool="not-mine") == 0

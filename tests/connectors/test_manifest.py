@@ -69,7 +69,8 @@ def test_a_connector_publishes_its_toolset_at_start(deployment: Deployment) -> N
         found.update(read_toolsets(settings))
         return "local" in found
 
-    wait_until(published, timeout=60, message=f"the manifest; echo log:\n{deployment.log('echo')[-2000:]}")
+    wait_until(published, timeout=60, message=lambda: f"the manifest; echo log:\n"
+                                                      f"{deployment.log('echo')[-2000:]}")
     assert found["local"].specs == (canonical_spec(ECHO_SPEC),)
     assert found["local"].source == "connector:echo"
     echo.send_signal(signal.SIGTERM)

@@ -169,7 +169,7 @@ def test_an_input_written_with_a_changed_schema_is_parked_unknown_fingerprint(
                            evolved.UserMessage((evolved.TextBlock("hi"),)), priority=None)
     deployment.send_raw(thread.encode(), Codec(catalog=NEW_CATALOG).encode("inputs", record))
     wait_until(lambda: any(r.thread_id == thread for r in deployment.receipts()), timeout=120,
-               message=f"a receipt; processor log:\n{deployment.log('processor')[-2000:]}")
+               message=lambda: f"a receipt; processor log:\n{deployment.log('processor')[-2000:]}")
     [receipt] = [r for r in deployment.receipts() if r.thread_id == thread]
     assert receipt.disposition == "parked"
     assert "unknown schema fingerprint" in (receipt.reason or ""), receipt.reason

@@ -32,6 +32,10 @@ def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
     broker.close()
 
 
+def _logs(deployment: Deployment) -> str:
+    return "".join(f"{name} log:\n{deployment.log(name)[-3000:]}\n" for name in ("processor", "echo"))
+
+
 def test_a_broker_stopped_and_restarted_is_said_once_each_way_and_the_services_go_on(
         own_broker: OwnBroker, tmp_path: Path) -> None:
     deployment = Deployment(own_broker.bootstrap, tmp_path)
@@ -41,7 +45,8 @@ def test_a_broker_stopped_and_restarted_is_said_once_each_way_and_the_services_g
                                  "--journal-dir", str(tmp_path / "journal")], "echo")
         before = f"before-{uuid.uuid4().hex[:6]}"
         deployment.send(*_conversation(before, "please ping"))
-        wait_until(lambda: "The echo said ping." in deployment.answers(before), 120, "a thread ends first")
+        wait_until(lambda: "The echo said ping." in deployment.answers(before), 120,
+                   lambda: f"a thread ends first; {_logs(deployment)}")
 
         own_broker.stop()
         for name in ("processor", "echo"):
@@ -55,8 +60,7 @@ def test_a_broker_stopped_and_restarted_is_said_once_each_way_and_the_services_g
         after = f"after-{uuid.uuid4().hex[:6]}"
         deployment.send(*_conversation(after, "please ping"))
         wait_until(lambda: "The echo said ping." in deployment.answers(after), 240,
-                   f"a thread ends after the restart; processor log:\n{deployment.log('processor')[-3000:]}\n"
-                   f"echo log:\n{deployment.log('echo')[-3000:]}")
+                   lambda: f"a thread ends after the restart; {_logs(deployment)}")
         for process in (processor, echo):
             assert process.poll() is None
             process.send_signal(signal.SIGTERM)

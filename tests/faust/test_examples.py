@@ -170,7 +170,7 @@ def test_a_faust_connector_killed_and_restarted_performs_each_effect_once(
     monkeypatch.setenv("TORPOR_CONNECTOR_FAULT", "after_effect")
     crashing = deployment.start(_worker(deployment, "effect_connector.py", "effect"), "effect-0")
     wait_until(lambda: crashing.poll() is not None, timeout=180,
-               message=f"the fault's kill; worker log:\n{deployment.log('effect-0')[-3000:]}")
+               message=lambda: f"the fault's kill; worker log:\n{deployment.log('effect-0')[-3000:]}")
     assert crashing.returncode == -signal.SIGKILL, deployment.log("effect-0")[-3000:]
     (first,) = [d.request_id for d in deployment.dispatches() if d.thread_id == thread]
     assert _performed(effects) == [first]
@@ -179,24 +179,25 @@ def test_a_faust_connector_killed_and_restarted_performs_each_effect_once(
     monkeypatch.delenv("TORPOR_CONNECTOR_FAULT")
     worker = deployment.start(_worker(deployment, "effect_connector.py", "effect"), "effect-1")
     wait_until(lambda: "The effect is done." in deployment.answers(thread), timeout=180,
-               message=f"the first answer; worker log:\n{deployment.log('effect-1')[-3000:]}")
+               message=lambda: f"the first answer; worker log:\n{deployment.log('effect-1')[-3000:]}")
     assert _performed(effects) == [first]  # reconciled, not performed again
     assert "1 effects reconciled" in deployment.log("effect-1")
 
     # 2. Killed after the answer reached `inputs`, its dispatch's offset maybe uncommitted.
     deployment.send(user("again", UserMessage((TextBlock("act again"),))))
     wait_until(lambda: len(_performed(effects)) == 2 and _results(deployment, _performed(effects)[1]),
-               timeout=180, message=f"the second answer; worker log:\n{deployment.log('effect-1')[-3000:]}")
+               timeout=180, message=lambda: f"the second answer; worker log:\n"
+                                            f"{deployment.log('effect-1')[-3000:]}")
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=30)
     second = _performed(effects)[1]
     restarted = deployment.start(_worker(deployment, "effect_connector.py", "effect"), "effect-2")
     wait_until(lambda: "Done again." in deployment.answers(thread), timeout=180,
-               message=f"the last answer; worker log:\n{deployment.log('effect-2')[-3000:]}")
+               message=lambda: f"the last answer; worker log:\n{deployment.log('effect-2')[-3000:]}")
     # Before counting effects: the restarted worker has taken every dispatch again that its
     # predecessor took but had not committed (else a duplicate could still be coming).
     wait_until(lambda: _took_everything(deployment), timeout=180,
-               message=f"the restarted worker's commit; log:\n{deployment.log('effect-2')[-3000:]}")
+               message=lambda: f"the restarted worker's commit; log:\n{deployment.log('effect-2')[-3000:]}")
 
     assert _performed(effects) == [first, second]  # one effect per dispatch, across both kills
     assert deployment.answers(thread) == ["Acting.", "The effect is done.", "Acting again.", "Done again."]
@@ -216,7 +217,8 @@ def test_a_faust_connector_killed_and_restarted_performs_each_effect_once(
         seen = Counter(line["input_id"] for line in lines if line["topic"] == "receipts")
         return seen if set(seen) >= {r.input_id for r in receipts} else None
 
-    seen = wait_until(audited, timeout=120, message=f"the audit; log:\n{deployment.log('audit')[-3000:]}")
+    seen = wait_until(audited, timeout=120, message=lambda: f"the audit; log:\n"
+                                                            f"{deployment.log('audit')[-3000:]}")
     assert seen == Counter(r.input_id for r in receipts)
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     turns = [line["text"] for line in lines if line["topic"] == "events"
@@ -261,7 +263,8 @@ def test_only_committed_decodable_dispatches_of_its_own_tools_are_performed(
     worker = deployment.start(_worker(deployment, "effect_connector.py", "effect"), "effect")
     wait_until(lambda: _performed(effects) == ["committed"] and _results(deployment, "committed"),
                timeout=180,
-               message=f"the committed dispatch's answer; worker log:\n{deployment.log('effect')[-3000:]}")
+               message=lambda: f"the committed dispatch's answer; worker log:\n"
+                               f"{deployment.log('effect')[-3000:]}")
     assert not _results(deployment, "aborted") and not _results(deployment, "other-tool")
     log = deployment.log("effect")
     assert "undecodable record skipped" in log and "unknown schema fingerprint" in log

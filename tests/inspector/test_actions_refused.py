@@ -38,7 +38,7 @@ def ui(kafka_bootstrap: str, admin: AdminClient,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inspected]:
     with inspected(kafka_bootstrap, admin, tmp_path_factory.mktemp("refused")) as found:
         wait_until(lambda: httpx.get(found.url + "api/threads", timeout=30).status_code == 200,
-                   timeout=WAIT_S, message=f"the ui answering; log:\n{ui_log(found)}")
+                   timeout=WAIT_S, message=lambda: f"the ui answering; log:\n{ui_log(found)}")
         yield found
 
 

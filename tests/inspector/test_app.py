@@ -46,7 +46,7 @@ def ui(kafka_bootstrap: str, admin: AdminClient,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inspected]:
     with inspected(kafka_bootstrap, admin, tmp_path_factory.mktemp("ui")) as found:
         wait_until(lambda: _get(found, "/api/threads").status_code == 200, timeout=WAIT_S,
-                   message=f"the ui answering; log:\n{ui_log(found)}")
+                   message=lambda: f"the ui answering; log:\n{ui_log(found)}")
         yield found
 
 

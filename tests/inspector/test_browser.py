@@ -69,13 +69,13 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
         ui: Inspected, browser: WebDriver) -> None:
     browser.get(ui.url)
     wait_until(lambda: "live" in browser.find_element(By.ID, "feed").text, timeout=WAIT_S,
-               message=f"the page's feed to catch up; ui log:\n{ui_log(ui)}")
+               message=lambda: f"the page's feed to catch up; ui log:\n{ui_log(ui)}")
     thread = f"agent-{uuid.uuid4().hex[:8]}"
     assert thread_row(browser, thread) is None
 
     start_thread(ui.deployment, thread, "please deploy to staging", "deploy")
     wait_until(lambda: thread_row(browser, thread), timeout=WAIT_S,
-               message=f"the new thread in the list, without a reload; ui log:\n{ui_log(ui)}")
+               message=lambda: f"the new thread in the list, without a reload; ui log:\n{ui_log(ui)}")
     _picture(browser, "ui-threads.png")
     click(lambda: _link(browser, thread), "the thread's link", WAIT_S)
 
@@ -96,7 +96,7 @@ def test_a_thread_appears_live_grows_and_resumes_when_approved_from_the_page(
     assert "sent as operator:inspector-test" in action.text and "receipt: applied" in action.text, action.text
 
     wait_until(lambda: DONE in _timeline(browser), timeout=WAIT_S,
-               message=f"the agent's answer after the approval; connector log:\n"
+               message=lambda: f"the agent's answer after the approval; connector log:\n"
                        f"{ui.deployment.log('connector')[-2000:]}")
     timeline = _timeline(browser)
     assert "approval_decided" in timeline and "decided_by" in timeline, timeline
@@ -136,7 +136,8 @@ def test_html_in_a_thread_id_or_model_text_is_shown_as_text_and_runs_nothing(
                              body=UserMessage((TextBlock(HOSTILE_TEXT),))))
     # Shown as the text it is (a stale row, redrawn meanwhile, raises: looked at again).
     wait_until(lambda: (link := _link(browser, HOSTILE_THREAD)) is not None and link.text == HOSTILE_THREAD,
-               timeout=WAIT_S, message=f"the hostile thread id in the list, as text; ui log:\n{ui_log(ui)}")
+               timeout=WAIT_S, message=lambda: f"the hostile thread id in the list, as text; ui log:\n"
+                                               f"{ui_log(ui)}")
     click(lambda: _link(browser, thread), "the thread's link", WAIT_S)
     wait_until(lambda: HOSTILE_TEXT in _timeline(browser), timeout=WAIT_S,
                message="the model's hostile text on the timeline, as text")

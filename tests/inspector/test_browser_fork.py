@@ -62,7 +62,7 @@ def test_a_fork_from_an_earlier_entry_makes_a_new_thread_with_that_history(
     send(ui.deployment, thread, "tell me more", "--wait", "60")
     browser.get(ui.url + "#thread=" + thread)
     wait_until(lambda: SECOND in _timeline(browser), timeout=WAIT_S,
-               message=f"both answers on the source's timeline; ui log:\n{ui_log(ui)}")
+               message=lambda: f"both answers on the source's timeline; ui log:\n{ui_log(ui)}")
 
     fork = f"{thread}-again"
     browser.find_element(By.ID, "fork-as").send_keys(fork)
@@ -80,7 +80,7 @@ def test_a_fork_from_an_earlier_entry_makes_a_new_thread_with_that_history(
     wait_until(lambda: browser.find_element(By.ID, "thread-title").text == fork, timeout=WAIT_S,
                message="the fork's page")
     wait_until(lambda: FIRST in _timeline(browser), timeout=WAIT_S,
-               message=f"the fork's own answer to the kept entry; ui log:\n{ui_log(ui)}")
+               message=lambda: f"the fork's own answer to the kept entry; ui log:\n{ui_log(ui)}")
     timeline = _timeline(browser)
     assert "#0 user: hello" in timeline and f"#1 assistant: {FIRST}" in timeline, timeline
     assert "tell me more" not in timeline and SECOND not in timeline, timeline

@@ -63,7 +63,7 @@ def test_the_panel_shows_each_partition_its_owner_lag_and_chart_and_the_instance
         ui: Inspected, browser: WebDriver) -> None:
     browser.get(ui.url)
     wait_until(lambda: (lags := _lags(browser)) is not None and set(lags.values()) == {0}, timeout=WAIT_S,
-               message=f"every partition caught up, with its chart; ui log:\n{ui_log(ui)}")
+               message=lambda: f"every partition caught up, with its chart; ui log:\n{ui_log(ui)}")
     assert sorted(_lags(browser) or {}) == list(range(PARTITIONS))
     member = wait_until(lambda: _found(browser, '#members tr[data-instance="p0"]'), timeout=WAIT_S,
                         message="the processor instance p0")[0]
@@ -76,7 +76,7 @@ def test_the_panel_shows_each_partition_its_owner_lag_and_chart_and_the_instance
     send(ui.deployment, folded, "hello", "--new", "--model", "scripted")
     wait_until(lambda: _committed(browser, partition_for(folded.encode(), PARTITIONS)) not in (None, "none")
                and set((_lags(browser) or {1: 1}).values()) == {0}, timeout=WAIT_S,
-               message=f"the folded thread's inputs committed; ui log:\n{ui_log(ui)}")
+               message=lambda: f"the folded thread's inputs committed; ui log:\n{ui_log(ui)}")
 
     processor = ui.deployment.processes[0]  # the rig starts the processor first
     processor.kill()

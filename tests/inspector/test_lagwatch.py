@@ -125,7 +125,7 @@ def test_inputs_sent_while_stopped_show_lag_that_a_started_processor_drains_to_z
             return view if ok else None
 
         view = wait_until(drained, timeout=WAIT_S,
-                          message=f"lag drained and p0 a member; processor log:\n"
+                          message=lambda: f"lag drained and p0 a member; processor log:\n"
                                   f"{deployment.log('processor')[-3000:]}")
         (member,) = view.members
         assert member.instance_id == "p0" and member.partitions == tuple(range(PARTITIONS))

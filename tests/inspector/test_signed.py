@@ -54,7 +54,7 @@ def _stop(url: str, thread: str) -> str:
 
 def _receipt(deployment: Deployment, message_id: str) -> Receipt:
     return wait_until(lambda: next((r for r in deployment.receipts() if r.input_id == message_id), None),
-                      timeout=WAIT_S, message=f"the receipt of {message_id}; processor log:\n"
+                      timeout=WAIT_S, message=lambda: f"the receipt of {message_id}; processor log:\n"
                                               f"{deployment.log('processor')[-2000:]}")
 
 

@@ -157,7 +157,8 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
     deployment.send(*_gateway(*_conversation(victim, "please ping")))
     processor = deployment.start(_processor(deployment), "processor")
     wait_until(lambda: any(d.thread_id == victim for d in deployment.dispatches()), timeout=120,
-               message=f"the victim's dispatch; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the victim's dispatch; processor log:\n"
+                               f"{deployment.log('processor')[-3000:]}")
     assert "key ring" in deployment.log("processor")
     (dispatch,) = [d for d in deployment.dispatches() if d.thread_id == victim]
     call, request = dispatch.call_id, dispatch.request_id
@@ -198,7 +199,8 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
     deployment.send(*_gateway(*_conversation(bystander, "hello")))
 
     wait_until(lambda: deployment.answers(bystander) == ["Hello to you."], timeout=120,
-               message=f"the bystander's answer; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the bystander's answer; processor log:\n"
+                               f"{deployment.log('processor')[-3000:]}")
     receipts = {r.input_id: r for r in deployment.receipts()}
     for name, (record, disposition, reason) in hostile.items():
         receipt = receipts.get(record.message_id)
@@ -217,7 +219,8 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
     injector = f"injector-{uuid.uuid4().hex[:8]}"
     deployment.send(*_gateway(*_conversation(injector, "please inject")))
     wait_until(lambda: deployment.answers(injector) == ["Injecting.", "Understood."], timeout=120,
-               message=f"the injector's answers; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the injector's answers; processor log:\n"
+                               f"{deployment.log('processor')[-3000:]}")
     (stale,) = [r for r in deployment.receipts() if r.input_id == misrouted.message_id]
     assert stale.disposition == "stale" and stale.history_after == stale.history_before
     assert not [d for d in deployment.dispatches() if d.thread_id == injector]
@@ -225,7 +228,7 @@ def test_bad_inputs_get_receipts_and_the_genuine_answer_still_applies(
     echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}",
                              "--signing-key-id", "echo-1", "--signing-key", str(pem)], "echo")
     wait_until(lambda: "The echo said ping." in deployment.answers(victim), timeout=120,
-               message=f"the victim's answer; processor log:\n{deployment.log('processor')[-3000:]}\n"
+               message=lambda: f"the victim's answer; processor log:\n{deployment.log('processor')[-3000:]}\n"
                        f"echo log:\n{deployment.log('echo')[-2000:]}")
     (genuine,) = [i for i in deployment.inputs() if i.thread_id == victim and i.source == "connector:echo"
                   and i.message_id not in {r.message_id for r, _, _ in hostile.values()}
@@ -266,7 +269,8 @@ def _every_partition_still_folds(deployment: Deployment, processor: subprocess.P
         deployment.send(*_gateway(*_conversation(name, "hello")))
     wait_until(lambda: all(deployment.answers(b) == ["Hello to you."] for b in bystanders.values()),
                timeout=180,
-               message=f"every partition's bystander; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"every partition's bystander; processor log:\n"
+                               f"{deployment.log('processor')[-3000:]}")
     assert processor.poll() is None, deployment.log("processor")[-3000:]
 
 
@@ -278,7 +282,8 @@ def test_a_hostile_writer_cannot_act_for_another_role_nor_stop_the_processor(
     deployment.send(*_gateway(*_conversation(victim, "please ping")))
     processor = deployment.start(_processor(deployment), "processor")
     wait_until(lambda: any(d.thread_id == victim for d in deployment.dispatches()), timeout=120,
-               message=f"the victim's dispatch; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the victim's dispatch; processor log:\n"
+                               f"{deployment.log('processor')[-3000:]}")
     (dispatch,) = [d for d in deployment.dispatches() if d.thread_id == victim]
 
     def raw(message_id: str, body: InputBody, source: str = "user:attacker", thread: str = victim) -> Input:
@@ -339,7 +344,7 @@ def test_a_hostile_writer_cannot_act_for_another_role_nor_stop_the_processor(
     echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}",
                              "--signing-key-id", "echo-1", "--signing-key", str(pem)], "echo")
     wait_until(lambda: deployment.answers(victim) == ["Pinging.", "The echo said ping."], timeout=120,
-               message=f"the victim's answer; processor log:\n{deployment.log('processor')[-3000:]}\n"
+               message=lambda: f"the victim's answer; processor log:\n{deployment.log('processor')[-3000:]}\n"
                        f"echo log:\n{deployment.log('echo')[-2000:]}")
     for process in (processor, echo):
         process.send_signal(signal.SIGTERM)
@@ -364,7 +369,8 @@ def test_hostile_json_neither_stalls_the_partition_nor_parks_the_thread(
     deployment.send(*_gateway(picky_create, hello, broken_create))
     processor = deployment.start(_processor(deployment), "processor")
     wait_until(lambda: any(d.thread_id == victim for d in deployment.dispatches()), timeout=120,
-               message=f"the victim's dispatch; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the victim's dispatch; processor log:\n"
+                               f"{deployment.log('processor')[-3000:]}")
     (dispatch,) = [d for d in deployment.dispatches() if d.thread_id == victim]
 
     def answer(message_id: str, text: str) -> Input:
@@ -391,7 +397,7 @@ def test_hostile_json_neither_stalls_the_partition_nor_parks_the_thread(
     deployment.send(fitting)
     wait_until(lambda: [r.disposition for r in deployment.receipts() if r.input_id == "genuine"]
                == ["applied"], timeout=120,
-               message=f"the genuine answer; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the genuine answer; processor log:\n{deployment.log('processor')[-3000:]}")
     wait_until(lambda: len(deployment.answers(victim)) == 2, timeout=120, message="the turn after the answer")
     processor.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]

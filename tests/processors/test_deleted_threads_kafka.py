@@ -47,7 +47,7 @@ def _receipts_of(deployment: KeyedDeployment, message_id: str, count: int) -> li
     return wait_until(
         lambda: found if len(found := [r for r in deployment.receipts() if r.input_id == message_id]) >= count
         else None,
-        timeout=WAIT_S, message=f"{count} receipts of {message_id}; processor log:\n"
+        timeout=WAIT_S, message=lambda: f"{count} receipts of {message_id}; processor log:\n"
                                 f"{deployment.log('processor')[-2000:]}")
 
 

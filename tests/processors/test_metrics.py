@@ -88,7 +88,7 @@ def test_the_metrics_endpoint_counts_what_the_receipts_say(deployment: Deploymen
         return receipts, samples
 
     receipts, samples = wait_until(settled, timeout=WAIT_S,
-                                   message=f"/metrics to match the receipts; log:\n"
+                                   message=lambda: f"/metrics to match the receipts; log:\n"
                                            f"{deployment.log('processor')[-2000:]}")
     assert receipts["applied"] >= 6 and receipts["duplicate"] == 1 and receipts["parked"] == 1, receipts
     assert receipts["rejected:unknown_thread"] == 1, receipts

@@ -252,7 +252,7 @@ def test_one_agent_turn_runs_end_to_end_through_kafka(deployment: Deployment) ->
     echo = deployment.start([TORPOR, "connector", "run-echo", "--group",
                              f"echo-{deployment.prefix}"], "echo")
     wait_until(lambda: "The echo said ping." in deployment.answers(thread_id), timeout=120,
-               message=f"the final answer; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the final answer; processor log:\n{deployment.log('processor')[-3000:]}")
     for process in (processor, echo):
         process.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]
@@ -367,7 +367,7 @@ def test_a_wiped_store_is_rebuilt_from_the_changelog_and_the_thread_continues(de
                              f"echo-{deployment.prefix}"], "echo")
     processor = deployment.start(deployment.processor_args(), "processor")
     wait_until(lambda: "The echo said ping." in deployment.answers(thread_id), timeout=120,
-               message=f"the thread continues; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the thread continues; processor log:\n{deployment.log('processor')[-3000:]}")
     for process in (processor, echo):
         process.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0

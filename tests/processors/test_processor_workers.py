@@ -74,14 +74,14 @@ def test_two_workers_split_the_partitions_and_every_turn_completes_exactly_once(
     # The first worker to join takes every partition; the second's join moves some over.
     stores = deployment.root / "stores-p0"
     wait_until(lambda: all(_restored_partitions(stores / w) for w in ("w0", "w1")), timeout=120,
-               message=f"both workers own partitions; log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"both workers own partitions; log:\n{deployment.log('processor')[-3000:]}")
     threads = [f"workers-{i:02d}-{uuid.uuid4().hex[:6]}" for i in range(12)]
     for thread_id in threads:
         deployment.send(*_conversation(thread_id, "please ping"))
     echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}"], "echo")
     finals = Tail(deployment.bootstrap, deployment.topic("events"))
     wait_until(lambda: _answered(finals, threads), timeout=240,
-               message=f"every final answer; log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"every final answer; log:\n{deployment.log('processor')[-3000:]}")
 
     log = deployment.log("processor")
     assert "processor p0-w0 started" in log and "processor p0-w1 started" in log, log[-3000:]
@@ -113,7 +113,8 @@ def test_a_killed_worker_stops_the_other_and_a_restart_finishes_every_turn_exact
     _workers(deployment, "processor-1")
     finals = Tail(deployment.bootstrap, deployment.topic("events"))
     wait_until(lambda: _answered(finals, threads), timeout=240,
-               message=f"every final answer after the restart; log:\n{deployment.log('processor-1')[-3000:]}")
+               message=lambda: f"every final answer after the restart; log:\n"
+                               f"{deployment.log('processor-1')[-3000:]}")
     _assert_exactly_once(deployment)
 
 
@@ -124,7 +125,7 @@ def test_a_killed_supervisor_leaves_no_worker_behind(deployment: Deployment) -> 
                message="both workers started")
     supervisor.send_signal(signal.SIGKILL)
     wait_until(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
-               timeout=120, message=f"the workers ended; log:\n{deployment.log('processor')[-3000:]}")
+               timeout=120, message=lambda: f"the workers ended; log:\n{deployment.log('processor')[-3000:]}")
     assert deployment.log("processor").count(" stopped: ") == 2, deployment.log("processor")[-3000:]
 
 
@@ -139,7 +140,8 @@ def test_without_workers_the_command_runs_one_per_core_up_to_the_partitions_each
     deployment.processes.append(started)
     expected = default_workers(PARTITIONS)
     wait_until(lambda: deployment.log("processor").count(" started in group") == expected, timeout=120,
-               message=f"{expected} processor(s) started; log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"{expected} processor(s) started; log:\n"
+                               f"{deployment.log('processor')[-3000:]}")
     supervisor = psutil.Process(started.pid)
     if expected == 1:  # a one-core machine: this process folds, nothing is supervised
         assert supervisor.children() == [] and "processor p0 started" in deployment.log("processor")

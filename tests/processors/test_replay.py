@@ -70,11 +70,11 @@ def folded(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
         echo = deployment.start([TORPOR, "connector", "run-echo", "--group", f"echo-{deployment.prefix}"],
                                 "echo")
         wait_until(lambda: "The echo said ping." in deployment.answers(talker), timeout=120,
-                   message=f"the first turn; processor log:\n{deployment.log('processor')[-3000:]}")
+                   message=lambda: f"the first turn; processor log:\n{deployment.log('processor')[-3000:]}")
         deployment.send(_input(talker, f"{talker}-again", 3_000, UserMessage((TextBlock("hello"),))))
         wait_until(lambda: deployment.answers(talker)[-1:] == ["Hello to you."]
                    and deployment.answers(greeter) == ["Hello to you."], timeout=120,
-                   message=f"the second turn; processor log:\n{deployment.log('processor')[-3000:]}")
+                   message=lambda: f"the second turn; processor log:\n{deployment.log('processor')[-3000:]}")
         wait_until(lambda: "started in group" in deployment.log("processor"), timeout=60,
                    message="the processor installed its stop handlers")
         for process in (processor, echo):

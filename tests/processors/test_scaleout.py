@@ -115,7 +115,7 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
     group, inputs = f"app-{six.prefix}", six.topic("inputs")
     first = six.start(six.slow_processor("p0"), "p0")
     wait_until(lambda: _assignment(admin, group, inputs).get("p0") == set(range(SIX)), timeout=60,
-               message=f"p0 owns every partition: {six.log('p0')[-2000:]}")
+               message=lambda: f"p0 owns every partition: {six.log('p0')[-2000:]}")
     threads = _threads()
     for thread_id in threads:
         six.send(*_conversation(thread_id, "please ping slowly"))
@@ -138,7 +138,7 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
         halves = sorted(len(p) for p in owned.values())
         return owned if set(owned) == {"p0", "p1"} and halves == [3, 3] else None
 
-    owned = wait_until(split, timeout=120, message=f"p0 and p1 own three partitions each: "
+    owned = wait_until(split, timeout=120, message=lambda: f"p0 and p1 own three partitions each: "
                        f"{six.log('p0')[-2000:]}\n{six.log('p1')[-2000:]}")
     assert owned["p0"] | owned["p1"] == set(range(SIX))
     # Every thread has been created and asked: model calls are in flight on both.
@@ -148,7 +148,7 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
     first.wait(timeout=30)
 
     wait_until(lambda: _assignment(admin, group, inputs).get("p1") == set(range(SIX)), timeout=120,
-               message=f"p1 owns every partition after the kill: {six.log('p1')[-3000:]}")
+               message=lambda: f"p1 owns every partition after the kill: {six.log('p1')[-3000:]}")
     # Every conversation now waits for its echo: what is left, p1 folds.
     echo = six.start([TORPOR, "connector", "run-echo", "--group", f"echo-{six.prefix}"], "echo")
     finals = Tail(six.bootstrap, six.topic("events"))
@@ -157,7 +157,8 @@ def test_a_killed_instances_partitions_move_and_every_conversation_completes_onc
         done = {t for t, text in finals.answers() if text == "The echo said ping."}
         return done >= set(threads)
 
-    wait_until(all_answered, timeout=120, message=f"every conversation finished: {six.log('p1')[-3000:]}")
+    wait_until(all_answered, timeout=120, message=lambda: f"every conversation finished: "
+                                                          f"{six.log('p1')[-3000:]}")
     for process in (second, echo):
         process.send_signal(signal.SIGTERM)
     assert second.wait(timeout=60) == 0, six.log("p1")[-3000:]

@@ -163,7 +163,7 @@ def test_a_connector_process_continues_the_processor_s_trace(deployment: Deploym
     sent = deployment.run([TORPOR, "send", thread_id, "please ping", "--traces", "console"])
     assert sent.returncode == 0, sent.stderr[-3000:]
     wait_until(lambda: "The echo said ping." in deployment.answers(thread_id), timeout=120,
-               message=f"the final answer; processor log:\n{deployment.log('processor')[-3000:]}")
+               message=lambda: f"the final answer; processor log:\n{deployment.log('processor')[-3000:]}")
     for process in (processor, echo):
         process.send_signal(signal.SIGTERM)
     assert processor.wait(timeout=60) == 0, deployment.log("processor")[-3000:]
