@@ -95,18 +95,27 @@ def test_a_state_read_torn_by_a_deletion_and_a_creation_never_mixes_two_lives() 
         state.pending_request, state.config.system_prompt)
 
 
-def test_replay_of_a_store_last_written_before_the_config_row_compares_equal() -> None:
+@pytest.mark.parametrize("before", ["the config row", "the answered row"])
+def test_replay_of_a_store_last_written_before_a_side_row_compares_equal(before: str) -> None:
     """8ad44e7 reads state rows of the older form (config inline, no F row) and rewrites them
     at the thread's next input; `torpor replay` compares every row of a thread byte for byte
-    (`thread_head`'s digest): a thread idle since the upgrade is reported as a mismatch."""
+    (`thread_head`'s digest): a thread idle since the upgrade is reported as a mismatch.
+    The same for the answered row (`WITHOUT_ANSWERED`): a row of the second form, no A row."""
     records = [StepRecord(_in("m1", 5, create(config())), 0, 0),
                StepRecord(_in("m2", 6, user("hi")), 0, 1)]
     live = MemoryStore()
     step(live, records)
     state = load_state(live, "t1")
     assert state is not None
-    # As the processor before 8ad44e7 wrote it: the config inline, no F row.
-    live.apply(((keys.state_key("t1"), statecodec.encode(state)), (keys.config_key("t1"), None)))
+    if before == "the config row":  # as the processor before 8ad44e7 wrote it
+        live.apply(((keys.state_key("t1"), statecodec.encode(state)), (keys.config_key("t1"), None),
+                    (keys.answered_key("t1"), None)))
+    else:  # as it wrote it before the answered row: the config apart, the answered ids inline
+        fields = statecodec._record_to(state)
+        fields.pop("config")
+        second = statecodec.WITHOUT_CONFIG + statecodec._dumps(fields).encode()
+        live.apply(((keys.state_key("t1"), second), (keys.answered_key("t1"), None)))
+    statecodec._STATES._by_thread.clear()  # a process that never wrote the rows it reads
     assert load_state(live, "t1") == state  # read as the same state
     replayed = MemoryStore()
     step(replayed, records)
@@ -157,9 +166,10 @@ def test_a_thread_created_again_with_another_config_and_the_same_state_row_serve
 
 
 def decode_fresh(store: MemoryStore):  # type: ignore[no-untyped-def]
-    raw, cfg = store.get(keys.state_key("t1")), store.get(keys.config_key("t1"))
+    raw, cfg, answered = (store.get(row("t1"))
+                          for row in (keys.state_key, keys.config_key, keys.answered_key))
     assert raw is not None
-    return statecodec.decode_state(raw, cfg)  # no thread id: the memo is not asked
+    return statecodec.decode_state(raw, cfg, answered)  # no thread id: the memo is not asked
 
 
 @pytest.mark.pure_only  # replaces step's `_size_problem`: compiled, step calls its own

@@ -129,7 +129,8 @@ def test_refolding_the_recorded_inputs_gives_the_same_rows_and_heads(demo: Local
         state = load_state(replayed, thread_id)
         assert state is not None and state.head == head
     root = demo.thread_id
-    root_state = decode_state(live[keys.state_key(root)], live.get(keys.config_key(root)))
+    root_state = decode_state(live[keys.state_key(root)], live.get(keys.config_key(root)),
+                              live.get(keys.answered_key(root)))
     assert root_state.status is Status.STOPPED
 
 

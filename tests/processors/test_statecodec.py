@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.processors.fold_scenarios import config, create, user
+from tests.processors.fold_scenarios import call, completion, config, create, result, user
 from tests.processors.test_fold_properties import CHOICES, session
 from torpor.processors.fold.effects import RequestCompletion
-from torpor.processors.fold.state import CallKind, PendingCall, Status, ThreadState
+from torpor.processors.fold.state import ANSWERED_KEPT, CallKind, PendingCall, Status, ThreadState
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import keys, statecodec
 from torpor.processors.store.kv import MemoryStore
 from torpor.processors.store.statecodec import (
+    WITHOUT_ANSWERED,
     WITHOUT_CONFIG,
     decode_entry,
     decode_input,
@@ -44,15 +46,17 @@ from torpor.schemas.records import (
 )
 
 
-def canonical_rows(state: ThreadState) -> tuple[bytes, bytes]:
-    """The state row and config row `state` must encode to: one sorted dump of its fields but
-    its config (after `WITHOUT_CONFIG`), and one of its config (what a cold replay writes)."""
+def canonical_rows(state: ThreadState) -> tuple[bytes, bytes, bytes]:
+    """The state row, config row and answered row `state` must encode to: one sorted dump of
+    its fields but its config and answered call ids (after `WITHOUT_ANSWERED`), one of its
+    config and one of its answered ids (what a cold replay writes)."""
     fields = statecodec._record_to(state)
-    config = fields.pop("config")
-    return WITHOUT_CONFIG + statecodec._dumps(fields).encode(), statecodec._dumps(config).encode()
+    config, answered = fields.pop("config"), fields.pop("answered_calls")
+    dumps = statecodec._dumps
+    return WITHOUT_ANSWERED + dumps(fields).encode(), dumps(config).encode(), dumps(answered).encode()
 
 
-def decoded(rows: tuple[bytes, bytes]) -> ThreadState:
+def decoded(rows: tuple[bytes, bytes, bytes]) -> ThreadState:
     """The state the rows hold, decoded from the bytes (no thread id: the memo is not asked)."""
     return decode_state(*rows)
 
@@ -111,9 +115,13 @@ def test_a_thread_s_older_state_row_decodes_to_itself_not_to_the_latest_one() ->
     assert decode_state(*old, state.thread_id) == state
     assert decode_state(*encode_state(newer), state.thread_id) is newer  # the memo's hit
     other_config = dataclasses.replace(newer.config, system_prompt="another")
-    state_row = encode_state(newer)[0]
+    state_row, _, answered_row = encode_state(newer)
     config_row = encode_state(dataclasses.replace(newer, config=other_config))[1]
-    assert decode_state(state_row, config_row, state.thread_id).config == other_config  # a hit needs both
+    assert decode_state(state_row, config_row, answered_row, state.thread_id).config == other_config
+    encode_state(newer)  # the latest again: a hit needs all three rows to be the ones remembered
+    answered_row = encode_state(dataclasses.replace(newer, answered_calls=("c9",)))[2]
+    state_row, config_row, _ = encode_state(newer)
+    assert decode_state(state_row, config_row, answered_row, state.thread_id).answered_calls == ("c9",)
 
 
 def test_a_memoised_entry_or_state_is_the_value_its_bytes_decode_to() -> None:
@@ -138,8 +146,9 @@ def test_a_state_s_bytes_are_one_sorted_dump_of_its_fields() -> None:
     for value in (state, dataclasses.replace(state, deferred=(held,), pending_calls=(call,))):
         fields = _record_to(value)
         inner = json.dumps(fields.pop("config"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        answered = json.dumps(fields.pop("answered_calls"), separators=(",", ":"), ensure_ascii=False)
         plain = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        assert encode_state(value) == (WITHOUT_CONFIG + plain.encode(), inner.encode())
+        assert encode_state(value) == (WITHOUT_ANSWERED + plain.encode(), inner.encode(), answered.encode())
 
 
 def test_a_history_row_framed_from_the_folds_bytes_is_the_row_encoded_afresh() -> None:
@@ -240,33 +249,64 @@ def test_records_of_one_field_or_none_encode_as_one_sorted_dump() -> None:
     assert statecodec.encode(Zero()) == b"{}"
 
 
-def test_a_state_row_of_the_older_form_is_read_and_the_next_input_writes_both_rows() -> None:
+def _second_form(state: ThreadState) -> bytes:
+    """The state row torpor wrote before the answered row: its config apart, its answered ids inline."""
+    fields = statecodec._record_to(state)
+    fields.pop("config")
+    return WITHOUT_CONFIG + statecodec._dumps(fields).encode()
+
+
+@pytest.mark.parametrize("form", ["config inline", "answered ids inline"])
+def test_a_state_row_of_an_older_form_is_read_and_the_next_input_writes_all_three_rows(form: str) -> None:
     store, state = a_state()
-    # As a store written before the config row existed: the config inline, no config row.
-    store.apply(((keys.state_key("t1"), statecodec.encode(state)), (keys.config_key("t1"), None)))
+    state = dataclasses.replace(state, answered_calls=("c1", "c2"))
+    if form == "config inline":  # as a store written before the config row existed
+        older = ((keys.state_key("t1"), statecodec.encode(state)), (keys.config_key("t1"), None))
+    else:  # as one written before the answered row existed
+        older = ((keys.state_key("t1"), _second_form(state)), (keys.config_key("t1"), encode_state(state)[1]))
+    store.apply((*older, (keys.answered_key("t1"), None)))
+    statecodec._STATES._by_thread.clear()  # a process that never wrote the rows it reads
     assert load_state(store, "t1") == state
     out = step(store, [StepRecord(Input("m9", "t1", 7, "user:u", None, None, None, user("hi")), 0, 1)])
     assert [r.disposition for r in out.receipts] == ["applied"]
     raw = store.get(keys.state_key("t1"))
-    assert raw is not None and raw[:1] == WITHOUT_CONFIG
-    assert store.get(keys.config_key("t1")) == encode_state(state)[1]
-    assert load_state(store, "t1") == decoded((raw, encode_state(state)[1]))
+    assert raw is not None and raw[:1] == WITHOUT_ANSWERED
+    _, config_row, answered_row = encode_state(state)
+    assert store.get(keys.config_key("t1")) == config_row
+    assert store.get(keys.answered_key("t1")) == answered_row == b'["c1","c2"]'
+    assert load_state(store, "t1") == decoded((raw, config_row, answered_row))
 
 
-def test_the_config_row_is_written_at_the_creation_and_not_again_by_inputs_that_keep_it() -> None:
+def test_a_side_row_left_beside_a_state_row_of_an_older_form_is_not_read() -> None:
+    _, state = a_state()
+    _, config_row, _ = encode_state(state)
+    inline = statecodec.encode(state)
+    assert decode_state(inline, b'{"not": "a config"}', b'["x"]') == state
+    assert decode_state(_second_form(state), config_row, b'["x"]') == state
+    with pytest.raises(ValueError, match="no known form"):
+        decode_state(b"\x07" + inline, config_row, b"[]")
+
+
+def test_the_side_rows_are_written_at_the_creation_and_not_again_by_inputs_that_keep_them() -> None:
     store = MemoryStore()
     made = step(store, [StepRecord(Input("m1", "t1", 5, "user:u", None, None, None, create(config())), 0, 0)])
-    assert [k for k, _ in made.changes].count(keys.config_key("t1")) == 1
+    made_keys = [k for k, _ in made.changes]
+    assert made_keys.count(keys.config_key("t1")) == 1 and made_keys.count(keys.answered_key("t1")) == 1
     said = step(store, [StepRecord(Input("m2", "t1", 6, "user:u", None, None, None, user("hi")), 0, 1)])
     changed = [k for k, _ in said.changes]
-    assert keys.state_key("t1") in changed and keys.config_key("t1") not in changed
+    assert keys.state_key("t1") in changed
+    assert keys.config_key("t1") not in changed and keys.answered_key("t1") not in changed
 
 
-def test_a_state_row_without_its_config_row_is_refused_loudly() -> None:
+def test_a_state_row_without_a_side_row_is_refused_loudly() -> None:
     _, state = a_state()
-    raw, _ = encode_state(state)
+    raw, config_row, answered_row = encode_state(state)
     with pytest.raises(ValueError, match="no config row"):
-        decode_state(raw, None)
+        decode_state(raw, None, answered_row)
+    with pytest.raises(ValueError, match="no answered row"):
+        decode_state(raw, config_row, None)
+    with pytest.raises(ValueError, match="no config row"):
+        decode_state(_second_form(state), None, None)
 
 
 def test_a_thread_created_again_in_another_store_gets_its_config_row() -> None:
@@ -278,4 +318,34 @@ def test_a_thread_created_again_in_another_store_gets_its_config_row() -> None:
     step(live, [StepRecord(Input("m2", "t1", 6, "user:u", None, None, None, user("hi")), 0, 1)])
     step(replay, [StepRecord(record, 0, 0)])
     assert replay.get(keys.config_key("t1")) == live.get(keys.config_key("t1")) is not None
+    assert replay.get(keys.answered_key("t1")) == live.get(keys.answered_key("t1")) is not None
     assert load_state(replay, "t1") is not None
+
+
+def test_the_answered_row_is_written_when_a_call_is_answered_and_the_state_row_stays_small() -> None:
+    store = MemoryStore()
+    step(store, [StepRecord(Input("m1", "t1", 5, "user:u", None, None, None, create(config())), 0, 0)])
+    offset, sizes = 1, []
+    for turn in range(ANSWERED_KEPT + 4):  # past the ids a thread remembers
+        state = load_state(store, "t1")
+        assert state is not None and state.pending_request is not None
+        request = state.pending_request
+        reply = completion(request, "working", (call(f"call-{turn}", "fetch", {}),))
+        step(store, [StepRecord(Input(request, "t1", 6, "processor", None, None, None, reply), 0, offset)])
+        dispatched = load_state(store, "t1")
+        assert dispatched is not None and dispatched.pending_calls
+        pending = dispatched.pending_calls[0]
+        answer = Input(f"r-{turn}", "t1", 7, "connector:tools", None, None, None,
+                       result(pending.call_id, pending.request_id))
+        out = step(store, [StepRecord(answer, 0, offset + 1)])
+        assert [r.disposition for r in out.receipts] == ["applied"]
+        changed = dict(out.changes)
+        assert json.loads(changed[keys.answered_key("t1")])[-1] == pending.call_id  # written as answered
+        sizes.append(len(changed[keys.state_key("t1")]))
+        offset += 2
+    final = load_state(store, "t1")
+    assert final is not None and len(final.answered_calls) == ANSWERED_KEPT
+    assert final.answered_calls[-1] == pending.call_id and store.get(keys.answered_key("t1")) == \
+        json.dumps(list(final.answered_calls), separators=(",", ":")).encode()
+    # The state row does not grow with the answered ids (9.7 KB of them at 256 inline).
+    assert max(sizes) - min(sizes) < 100, (min(sizes), max(sizes))

@@ -52,7 +52,7 @@ from torpor.processors.restoring import MemoryTarget
 from torpor.processors.step import StepRecord, step
 from torpor.processors.store import keys
 from torpor.processors.store.kv import MemoryStore, RocksStore, Store
-from torpor.processors.store.statecodec import decode_state, state_rows
+from torpor.processors.store.statecodec import WITHOUT_ANSWERED, WITHOUT_CONFIG, decode_state, state_rows
 from torpor.processors.store.tables import load_state, read_entries
 from torpor.processors.storedirs import partition_dirs, worker_dirs
 from torpor.schemas.codec import Codec
@@ -320,16 +320,19 @@ def thread_head(store: Store, thread_id: str) -> ThreadHead | None:
 
 def _rows_digest(store: Store, thread_id: str) -> str | None:
     """sha256 over every row of the thread, key and value, in key order (None: it has none).
-    A state row of the older form (its config inline) counts as the two rows the thread's
-    next input rewrites it to (`state_rows`), so a thread idle since the config row came in
-    still matches."""
+    A state row of an older form (its config or answered call ids inline) counts as the
+    three rows the thread's next input rewrites it to (`state_rows`), so a thread idle since
+    the side rows came in still matches."""
     rows = dict(store.iterate(keys.thread_prefix(thread_id)))
     if not rows:
         return None
     state_key = keys.state_key(thread_id)
     state = rows.get(state_key)
-    if state is not None and state[:1] == b"{":
-        rows[state_key], rows[keys.config_key(thread_id)] = state_rows(decode_state(state, None))
+    if state is not None and state[:1] != WITHOUT_ANSWERED:
+        config_key = keys.config_key(thread_id)
+        config = rows.get(config_key) if state[:1] == WITHOUT_CONFIG else None
+        rows[state_key], rows[config_key], rows[keys.answered_key(thread_id)] = \
+            state_rows(decode_state(state, config, None))
     digest = hashlib.sha256()
     for key in sorted(rows):
         value = rows[key]

@@ -75,7 +75,13 @@ from torpor.processors.fold.transitions import fold, park_on_failure, refuse_at_
 from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, Overlay, Store
-from torpor.processors.store.statecodec import WITHOUT_CONFIG, encode_entry, encode_request, encode_state_rows
+from torpor.processors.store.statecodec import (
+    WITHOUT_ANSWERED,
+    WITHOUT_CONFIG,
+    encode_entry,
+    encode_request,
+    encode_state_rows,
+)
 from torpor.processors.store.tables import (
     HistoryAppend,
     is_seen_in,
@@ -390,15 +396,19 @@ def _size_problem(rows: Overlay, thread_id: str, out: _Collected) -> str | None:
 
 
 def _state_size(rows: Overlay, thread_id: str) -> int | None:
-    """The size of the thread's state as one row with its config inline (the form before the
-    config row): the hold limit judges what it always judged, so a replay of an older log
-    refuses what the live run refused (review 20). The config is not first or last of the
-    sorted fields: inline it adds its `"config":` name and one comma, and drops the marker byte."""
+    """The size of the thread's state as one row with its config and answered call ids
+    inline (the first form): the hold limit judges what it always judged, so a replay of an
+    older log refuses what the live run refused (review 20). Inline, a side row adds its
+    field's `"name":` and one comma (`answered_calls` is the first of the sorted fields,
+    `config` neither first nor last), and the row drops its marker byte."""
     raw = rows.get(keys.state_key(thread_id))
     if raw is None or raw[:1] == b"{":
         return None if raw is None else len(raw)
     config = rows.get(keys.config_key(thread_id)) or b""
-    return len(raw) - len(WITHOUT_CONFIG) + len('"config":') + len(config) + 1
+    size = len(raw) - len(WITHOUT_CONFIG) + len('"config":') + len(config) + 1
+    if raw[:1] == WITHOUT_ANSWERED:
+        size += len('"answered_calls":') + len(rows.get(keys.answered_key(thread_id)) or b"") + 1
+    return size
 
 
 def _merge(out: _Collected, mark: _Collected) -> None:
@@ -517,17 +527,19 @@ def _write_state(
     requested: RequestCompletion | None,
 ) -> None:
     if state is not None:
-        raw, config, kept = encode_state_rows(state)
-        rows.put(keys.state_key(thread_id), raw)
-        # The config row is written only when it changes (a creation, a model switch, a
-        # state row of the older form carried it inline): most inputs leave it alone, and
-        # most of those are known to (`kept`) without reading the row. `kept` speaks of the
-        # rows `before` was read from: with no `before` (a creation) the memo may speak of
-        # another store's thread of that id (a replay beside the live run); but then the
-        # thread has no config row (a deletion takes it), so it is written unread.
-        key = keys.config_key(thread_id)
-        if before is None or (not kept and rows.get(key) != config):
-            rows.put(key, config)
+        written = encode_state_rows(state)
+        rows.put(keys.state_key(thread_id), written.state)
+        # A side row (`WITHOUT_ANSWERED`) is written only when it changes (a creation, a
+        # model switch, an answered call, a state row of an older form carried it inline):
+        # most inputs leave it alone, and most of those are known to (`kept`) without
+        # reading the row. `kept` speaks of the rows `before` was read from: with no
+        # `before` (a creation) the memo may speak of another store's thread of that id (a
+        # replay beside the live run); but then the thread has no side rows (a deletion
+        # takes them), so they are written unread.
+        for key, row, kept in ((keys.config_key(thread_id), written.config, written.config_kept),
+                               (keys.answered_key(thread_id), written.answered, written.answered_kept)):
+            if before is None or (not kept and rows.get(key) != row):
+                rows.put(key, row)
     elif rows.get(keys.state_key(thread_id)) is not None:
         rows.delete(keys.state_key(thread_id))
     # The awaiting-model index: one row per thread with a completion in flight, so a

@@ -7,8 +7,10 @@ prefix (`00000002 't1'`) cannot match `t10` (`00000003 't10'`), which a plain
 
 After the prefix comes one byte naming the kind of row, then the row's own key::
 
-    len|thread|S                 the thread's state but its config (statecodec)
+    len|thread|S                 the thread's state but its config and answered call ids (statecodec)
     len|thread|F                 the thread's config (canonical JSON), written when it changes
+    len|thread|A                 the thread's answered call ids (a JSON array), written when
+                                 a call is answered
     len|thread|H|seq(8 BE)       history entry `seq` (big-endian: scans come out in seq order)
     len|thread|M|message_id      message id seen (value: its senders' digests): a copy is a
                                  duplicate; kept when the thread is deleted
@@ -38,6 +40,7 @@ _SEQ: Final = struct.Struct(">Q")
 
 STATE: Final = b"S"
 CONFIG: Final = b"F"
+ANSWERED: Final = b"A"
 HISTORY: Final = b"H"
 SEEN: Final = b"M"
 SUMMARY: Final = b"C"
@@ -76,6 +79,10 @@ def state_key(thread_id: str) -> bytes:
 
 def config_key(thread_id: str) -> bytes:
     return thread_prefix(thread_id) + CONFIG
+
+
+def answered_key(thread_id: str) -> bytes:
+    return thread_prefix(thread_id) + ANSWERED
 
 
 def history_prefix(thread_id: str) -> bytes:

@@ -352,8 +352,9 @@ class _Recent(typing.Generic[T]):
             self._values.popitem(last=False)
 
 
-_Entry = tuple[bytes, "bytes | None", ThreadState, "tuple[_Values, _Parts] | None"]
-"""A thread's state row, config row (None: the state row holds it), state, and pieces."""
+_Entry = tuple[bytes, "bytes | None", "bytes | None", ThreadState, "tuple[_Values, _Parts] | None"]
+"""A thread's state row, config row and answered row (None: the state row holds it), its
+state, and its pieces."""
 
 
 class _Latest:
@@ -373,25 +374,27 @@ class _Latest:
         self._capacity = capacity
         self._by_thread: dict[str, _Entry] = {}
 
-    def get(self, thread_id: str, raw: bytes, config: bytes | None) -> ThreadState | None:
+    def get(self, thread_id: str, raw: bytes, config: bytes | None,
+            answered: bytes | None) -> ThreadState | None:
         hit = self._by_thread.get(thread_id)
-        return hit[2] if hit is not None and hit[0] == raw and hit[1] == config else None
+        if hit is None or hit[0] != raw or hit[1] != config or hit[2] != answered:
+            return None
+        return hit[3]
 
-    def encoded(self, thread_id: str) -> tuple[bytes | None, tuple[_Values, _Parts]] | None:
-        """The config row and the field values and pieces of the thread's latest state, if
-        `encode_state` wrote it."""
+    def encoded(self, thread_id: str) -> _Entry | None:
+        """The thread's latest rows, state and pieces, if `encode_state` wrote them."""
         hit = self._by_thread.get(thread_id)
-        return None if hit is None or hit[3] is None else (hit[1], hit[3])
+        return None if hit is None or hit[4] is None else hit
 
     def pieces(self, thread_id: str) -> tuple[_Values, _Parts] | None:
         """The field values and encoded pieces of the thread's latest state, if encoded here."""
         hit = self._by_thread.get(thread_id)
-        return None if hit is None else hit[3]
+        return None if hit is None else hit[4]
 
-    def put(self, thread_id: str, raw: bytes, config: bytes | None, state: ThreadState,
-            parts: tuple[_Values, _Parts] | None = None) -> None:
+    def put(self, thread_id: str, raw: bytes, config: bytes | None, answered: bytes | None,
+            state: ThreadState, parts: tuple[_Values, _Parts] | None = None) -> None:
         self._by_thread.pop(thread_id, None)  # re-inserted last: evicted last
-        self._by_thread[thread_id] = (raw, config, state, parts)
+        self._by_thread[thread_id] = (raw, config, answered, state, parts)
         while len(self._by_thread) > self._capacity:
             try:
                 self._by_thread.pop(next(iter(self._by_thread)), None)
@@ -407,79 +410,130 @@ _ENTRIES: Final[_Recent[HistoryEntry]] = _Recent(4096)
 
 
 WITHOUT_CONFIG: Final = b"\x01"
-"""The first byte of a state row that leaves its config to the thread's config row.
+"""The first byte of a state row of the second form, which leaves its config to the
+thread's config row (its answered call ids inline): still read, no longer written.
 
 A thread's config (its system prompt, its tools and their schemas) is most of its state
 and changes almost never, while the state row is written again at every input: inline,
 every input wrote the whole config to RocksDB and the changelog again (in the benchmark
-700 of a state's 1,226 bytes; a real system prompt makes it kilobytes). So the state row
-is this byte and the state's canonical JSON without its `config` field, and the config's
+700 of a state's 1,226 bytes; a real system prompt makes it kilobytes). So the config's
 canonical JSON is a row of its own (`keys.config_key`), written only when it changes. A
-row that starts with `{` is the older form, the config inline: still read."""
+row that starts with `{` is the first form, the config inline: still read."""
+
+WITHOUT_ANSWERED: Final = b"\x02"
+"""The first byte of a state row that leaves both its config and its answered call ids to
+rows of their own (`keys.config_key`, `keys.answered_key`): the form written now.
+
+Why the answered ids apart: a thread remembers the ids of its last `ANSWERED_KEPT` (256)
+answered calls, 38 bytes each in the row: a thread past 256 tool calls carried 9.7 KB of
+them in its state row, written to RocksDB and the changelog at every input, though they
+change only when a call is answered (one input in four of a turn with one tool call). The
+row is the field's canonical JSON (an array of strings), written when it changes."""
+
+_FORMS: Final = (b"{", WITHOUT_CONFIG, WITHOUT_ANSWERED)
 
 
 @functools.cache
-def _config_at() -> int:
-    """The index of `config` among a state's pieces (`_text_plan` order)."""
-    return [name for name, _, _, _ in _text_plan(ThreadState)].index("config")
+def _apart_at() -> tuple[int, int]:
+    """The indices of `answered_calls` and `config` among a state's pieces (`_text_plan`
+    order, by name: `answered_calls` is the first field, `config` one of the middle ones)."""
+    names = [name for name, _, _, _ in _text_plan(ThreadState)]
+    answered, config = names.index("answered_calls"), names.index("config")
+    assert answered < config, "the state row is cut around the two fields in this order"
+    return answered, config
 
 
-def encode_state(state: ThreadState) -> tuple[bytes, bytes]:
-    """The state row's bytes and the config row's (`encode_state_rows`)."""
-    raw, config, _ = encode_state_rows(state)
-    return raw, config
+_ANSWERED_PREFIX_LEN: Final = len('"answered_calls":')
+_CONFIG_PREFIX_LEN: Final = len('"config":')
 
 
-def encode_state_rows(state: ThreadState) -> tuple[bytes, bytes, bool]:
-    """The state row's bytes, the config row's, and whether the config row is the one the
-    thread's rows already hold (`kept`: the state this one was drafted from, as just read
-    from them, had this very config object, so the row need not be read to compare). Only
-    meaningful when the caller read a state for the thread first: for a creation the memo
-    may speak of a thread of that id in another store (a replay beside the live run).
+def encode_state(state: ThreadState) -> tuple[bytes, bytes, bytes]:
+    """The state row's bytes, the config row's and the answered row's (`encode_state_rows`)."""
+    rows = encode_state_rows(state)
+    return rows.state, rows.config, rows.answered
+
+
+class StateRows(typing.NamedTuple):
+    """A state's three rows (`WITHOUT_ANSWERED`), and whether each side row is the one the
+    thread's rows already hold (`encode_state_rows`)."""
+
+    state: bytes
+    config: bytes
+    answered: bytes
+    config_kept: bool
+    answered_kept: bool
+
+
+def encode_state_rows(state: ThreadState) -> StateRows:
+    """The state row's bytes, the config row's and the answered row's, and whether each
+    side row is the one the thread's rows already hold (kept: the state this one was
+    drafted from, as just read from them, had this very field object, so the row need not
+    be read to compare). Only meaningful when the caller read a state for the thread
+    first: for a creation the memo may speak of a thread of that id in another store (a
+    replay beside the live run).
 
     Remembered, so the next read is a hit: the step writes a state and the next input of
     the thread (or the model stage) reads it back; without this every such read was a
     miss and a full JSON decode. The pieces are remembered too: the thread's next state,
-    drafted from this one, re-encodes only the fields that changed (`_parts`). The two
+    drafted from this one, re-encodes only the fields that changed (`_parts`). The three
     rows decode to exactly `state` (`decode_state`).
     """
     earlier = _STATES.encoded(state.thread_id)
-    values, pieces = _parts(state, None if earlier is None else earlier[1])
-    at = _config_at()
-    raw = WITHOUT_CONFIG + _joined(pieces[:at] + pieces[at + 1:])
-    if earlier is not None and earlier[0] is not None and earlier[1][0][at] is values[at]:
-        kept, config = True, earlier[0]
-    else:
-        kept, config = False, pieces[at][_CONFIG_PREFIX_LEN:].encode()
-    _STATES.put(state.thread_id, raw, config, state, (values, pieces))
-    return raw, config, kept
+    values, pieces = _parts(state, None if earlier is None else earlier[4])
+    a, c = _apart_at()
+    raw = WITHOUT_ANSWERED + _joined(pieces[:a] + pieces[a + 1:c] + pieces[c + 1:])
+    config_row: bytes | None = None
+    answered_row: bytes | None = None
+    if earlier is not None and earlier[4] is not None:
+        earlier_values = earlier[4][0]
+        if earlier[1] is not None and earlier_values[c] is values[c]:
+            config_row = earlier[1]
+        if earlier[2] is not None and earlier_values[a] is values[a]:
+            answered_row = earlier[2]
+    config_kept, answered_kept = config_row is not None, answered_row is not None
+    if config_row is None:
+        config_row = pieces[c][_CONFIG_PREFIX_LEN:].encode()
+    if answered_row is None:
+        answered_row = pieces[a][_ANSWERED_PREFIX_LEN:].encode()
+    _STATES.put(state.thread_id, raw, config_row, answered_row, state, (values, pieces))
+    return StateRows(raw, config_row, answered_row, config_kept, answered_kept)
 
 
-_CONFIG_PREFIX_LEN: Final = len('"config":')
-
-
-def state_rows(state: ThreadState) -> tuple[bytes, bytes]:
-    """The state row and config row `encode_state` writes for `state`, from one canonical
-    dump and without the memo: for readers that compare a state row of the older form."""
+def state_rows(state: ThreadState) -> tuple[bytes, bytes, bytes]:
+    """The state row, config row and answered row `encode_state` writes for `state`, from
+    one canonical dump and without the memo: for readers that compare a state row of an
+    older form."""
     fields = _record_to(state)
     config = fields.pop("config")
-    return WITHOUT_CONFIG + _dumps(fields).encode(), _dumps(config).encode()
+    answered = fields.pop("answered_calls")
+    return WITHOUT_ANSWERED + _dumps(fields).encode(), _dumps(config).encode(), _dumps(answered).encode()
 
 
-def decode_state(raw: bytes, config: bytes | None, thread_id: str | None = None) -> ThreadState:
-    """The state the state row `raw` and the config row `config` hold (None: the thread has
-    no config row, as a state row of the older form needs none); served from memory when
-    they are `thread_id`'s latest known rows."""
+def decode_state(raw: bytes, config: bytes | None, answered: bytes | None,
+                 thread_id: str | None = None) -> ThreadState:
+    """The state the state row `raw`, the config row `config` and the answered row
+    `answered` hold (None: the thread has no such row, as a state row of an older form
+    needs none: a side row left beside it is not read); served from memory when they are
+    `thread_id`'s latest known rows. Raises `ValueError` for a state row of no known form
+    or without a side row it leaves to one."""
     raw = bytes(raw)
-    inline = raw[:1] == b"{"
-    if inline:
-        config = None  # the older form holds its config: a config row left beside it is not read
+    form = raw[:1]
+    if form not in _FORMS:
+        raise ValueError(f"a state row of no known form (first byte {form!r})")
+    if form == b"{":
+        config = None
     elif config is None:
         raise ValueError("a state row without its config inline, and no config row")
     else:
         config = bytes(config)
+    if form != WITHOUT_ANSWERED:
+        answered = None
+    elif answered is None:
+        raise ValueError("a state row without its answered call ids inline, and no answered row")
+    else:
+        answered = bytes(answered)
     if thread_id is not None:
-        found = _STATES.get(thread_id, raw, config)
+        found = _STATES.get(thread_id, raw, config, answered)
         if found is not None:
             return found
     if config is None:
@@ -487,8 +541,10 @@ def decode_state(raw: bytes, config: bytes | None, thread_id: str | None = None)
     else:
         fields = typing.cast(dict[str, object], json.loads(raw[1:]))
         fields["config"] = json.loads(config)
+        if answered is not None:
+            fields["answered_calls"] = json.loads(answered)
         state = typing.cast(ThreadState, _record_from(ThreadState, fields))
-    _STATES.put(state.thread_id, raw, config, state)
+    _STATES.put(state.thread_id, raw, config, answered, state)
     return state
 
 

@@ -25,6 +25,7 @@ from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
 from torpor.processors.store.statecodec import (
+    WITHOUT_ANSWERED,
     decode_entry,
     decode_request,
     decode_state,
@@ -39,16 +40,18 @@ def load_state(store: Store, thread_id: str) -> ThreadState | None:
     key = keys.state_key(thread_id)
     raw = store.get(key)
     while raw is not None:
-        if raw[:1] == b"{":  # the older form holds its config: no second read (`WITHOUT_CONFIG`)
-            return decode_state(raw, None, thread_id)
+        form = raw[:1]
+        if form == b"{":  # the first form holds its config and answered ids: no other read
+            return decode_state(raw, None, None, thread_id)
         config = store.get(keys.config_key(thread_id))
-        # Two reads: a reader beside the folding thread (the model stage) could get a state
-        # row and the config row of another moment (a deletion, a re-creation between them).
-        # The state row read again is the same: the pair is one moment's (the config row
-        # changes only with the state row).
+        answered = store.get(keys.answered_key(thread_id)) if form == WITHOUT_ANSWERED else None
+        # Several reads: a reader beside the folding thread (the model stage) could get a
+        # state row and side rows of another moment (a deletion, a re-creation between them).
+        # The state row read again is the same: the rows are one moment's (a side row
+        # changes only with the state row: an answered call also appends to the history).
         again = store.get(key)
         if again == raw:
-            return decode_state(raw, config, thread_id)
+            return decode_state(raw, config, answered, thread_id)
         raw = again
     return None
 
