@@ -316,7 +316,7 @@ def _fold_one(
         scratch = Overlay(batch)  # this input's writes, dropped if anything below raises
         mark = _Collected()
         try:
-            state = load_state(scratch, item.thread_id)
+            state = load_state(scratch, item.thread_id, writer=True)
             verdict = judge.verify(item, state, record.appended_at)
             seen_row = scratch.get(keys.seen_key(item.thread_id, item.message_id))
             facts = Facts(
@@ -350,7 +350,7 @@ def _fold_one(
     scratch = Overlay(batch)
     mark = _Collected()
     try:
-        state = load_state(scratch, item.thread_id)
+        state = load_state(scratch, item.thread_id, writer=True)
         transition = park_on_failure(state, item, error, max_attempts)
         _interpret(scratch, record, sender, state, transition, mark)
     except Exception as exc:  # not even parking works: a receipt without the state, and go on

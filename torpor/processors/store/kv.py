@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 from mypy_extensions import mypyc_attr
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
@@ -338,6 +338,9 @@ class RowCache:
     def __init__(self, capacity_bytes: int) -> None:
         self._capacity = _checked_capacity(capacity_bytes)
         self._rows: dict[bytes, bytes | None] = {}
+        self.rows = self._rows
+        """The rows held, by key (None: deleted), for a reader's `get`: the same dict for the
+        cache's life, read only (changed only by the methods below, under the lock)."""
         self._bytes = 0
         self._changing = threading.Lock()  # `remember` on the writer, `admit` and `resize` on any thread
         self.writes = 0
@@ -451,6 +454,7 @@ class RocksStore:
             raise ValueError("sync=True needs the write-ahead log (wal=True)")
         self.path = Path(path)
         self._recent = RowCache(0 if row_cache_bytes is None else row_cache_bytes)
+        self._cached: dict[bytes, bytes | None] = self._recent.rows
         # Histories are private: only the processor's own user may read the store (0700,
         # tightened if an older run made it wider).
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -485,10 +489,13 @@ class RocksStore:
         self._write_options.sync = sync
 
     def get(self, key: bytes) -> bytes | None:
+        # The cache's rows read directly: this is the store's hottest call (several per
+        # input), and `RowCache` is a Python class (see there), so `lookup` cost a method
+        # call through the interpreter and a tuple.
+        cached = self._cached.get(key, _UNKNOWN)
+        if cached is not _UNKNOWN:
+            return cast(bytes | None, cached)
         recent = self._recent
-        known, cached = recent.lookup(key)
-        if known:
-            return cached
         writes = recent.writes
         value = self._db.get(key)
         assert value is None or isinstance(value, bytes)

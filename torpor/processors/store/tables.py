@@ -35,21 +35,26 @@ from torpor.processors.store.statecodec import (
 from torpor.schemas.records import HistoryEntry, SummaryEntry
 
 
-def load_state(store: Store, thread_id: str) -> ThreadState | None:
-    """The thread's state, or None when the thread does not exist (or was deleted)."""
-    key = keys.state_key(thread_id)
+def load_state(store: Store, thread_id: str, *, writer: bool = False) -> ThreadState | None:
+    """The thread's state, or None when the thread does not exist (or was deleted).
+
+    `writer`: the caller is the only one that writes `store` (the step, on the checkpoint
+    loop's thread), so no write can come between its reads and the state row is not read
+    again to check them (below)."""
+    prefix = keys.thread_prefix(thread_id)
+    key = prefix + keys.STATE
     raw = store.get(key)
     while raw is not None:
         form = raw[:1]
         if form == b"{":  # the first form holds its config and answered ids: no other read
             return decode_state(raw, None, None, thread_id)
-        config = store.get(keys.config_key(thread_id))
-        answered = store.get(keys.answered_key(thread_id)) if form == WITHOUT_ANSWERED else None
+        config = store.get(prefix + keys.CONFIG)
+        answered = store.get(prefix + keys.ANSWERED) if form == WITHOUT_ANSWERED else None
         # Several reads: a reader beside the folding thread (the model stage) could get a
         # state row and side rows of another moment (a deletion, a re-creation between them).
         # The state row read again is the same: the rows are one moment's (a side row
         # changes only with the state row: an answered call also appends to the history).
-        again = store.get(key)
+        again = raw if writer else store.get(key)
         if again == raw:
             return decode_state(raw, config, answered, thread_id)
         raw = again
