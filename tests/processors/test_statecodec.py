@@ -349,3 +349,18 @@ def test_the_answered_row_is_written_when_a_call_is_answered_and_the_state_row_s
         json.dumps(list(final.answered_calls), separators=(",", ":")).encode()
     # The state row does not grow with the answered ids (9.7 KB of them at 256 inline).
     assert max(sizes) - min(sizes) < 100, (min(sizes), max(sizes))
+
+
+def test_the_writer_reads_each_row_of_a_state_once_and_a_reader_beside_it_the_state_row_twice() -> None:
+    store, state = a_state()
+    read: list[bytes] = []
+
+    class Counting(MemoryStore):
+        def get(self, key: bytes) -> bytes | None:
+            read.append(key)
+            return store.get(key)
+
+    counting = Counting()
+    assert load_state(counting, "t1", writer=True) == state == load_state(counting, "t1")
+    rows = [keys.state_key("t1"), keys.config_key("t1"), keys.answered_key("t1")]
+    assert read == [*rows, *rows, keys.state_key("t1")]
