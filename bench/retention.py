@@ -38,6 +38,28 @@ class RetainedLog:
             records.append(record)
         return record
 
+    def append_all(
+        self, topic: LogTopic[V], items: Sequence[tuple[str | bytes, V]]
+    ) -> Sequence[LogRecord[V]]:
+        # As `InProcessLog.append_all`: one lock and one look-up of the partition's list per
+        # call when the topic has one partition (local mode's), else per record.
+        name, placed = topic.name, []
+        with self._lock:
+            if topic.partitions == 1:
+                records = self._parts.setdefault((name, 0), [])
+                start = self._base.get((name, 0), 0) + len(records)
+                placed = [LogRecord(name, 0, start + i, key, value) for i, (key, value) in enumerate(items)]
+                records.extend(placed)  # held as object, read back as V
+            else:
+                for key, value in items:
+                    target = partition_of(topic, key)
+                    where = (name, target)
+                    records = self._parts.setdefault(where, [])
+                    record = LogRecord(name, target, self._base.get(where, 0) + len(records), key, value)
+                    records.append(record)
+                    placed.append(record)
+        return placed
+
     def read(
         self, topic: LogTopic[V], partition: int, offset: int, max_records: int | None = None
     ) -> Sequence[LogRecord[V]]:

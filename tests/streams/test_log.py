@@ -47,3 +47,29 @@ def test_a_topic_keeps_its_partition_count_and_range() -> None:
         log.read(TOPIC, 4, 0)
     with pytest.raises(ValueError):
         LogTopic[str]("none", 0)
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+@given(keys=st.lists(st.sampled_from(["a", "b", "thread-c", b"d"]), max_size=12),
+       split=st.integers(min_value=0, max_value=12))
+def test_append_all_places_records_as_appending_them_one_by_one_would(
+    partitions: int, keys: list[str | bytes], split: int
+) -> None:
+    from bench.retention import RetainedLog
+
+    topic = LogTopic[str]("events", partitions)
+    items = [(key, f"v{i}") for i, key in enumerate(keys)]
+    one_by_one = InProcessLog()
+    expected = [one_by_one.append(topic, key, value) for key, value in items]
+    for log in (InProcessLog(), RetainedLog()):
+        placed = [*log.append_all(topic, items[:split]), *log.append_all(topic, items[split:])]
+        assert placed == expected
+        assert log.read_all(topic) == one_by_one.read_all(topic)
+
+
+def test_append_all_keeps_a_topics_partition_count() -> None:
+    log = InProcessLog()
+    log.append(TOPIC, "k", "x")
+    with pytest.raises(ValueError):
+        log.append_all(LogTopic[str]("inputs", 1), [("k", "y")])
+    assert log.append_all(TOPIC, []) == []

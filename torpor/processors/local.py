@@ -293,12 +293,14 @@ class LocalRuntime:
 
     def _commit(self, partition: int, overlay: Overlay, output: StepOutput, next_offset: int) -> None:
         """Phase 2: the outputs become visible, then the store catches up in one batch."""
-        for dispatch in output.dispatches:
-            self._publish(self.topics.outbox, dispatch.thread_id, dispatch)
-        for event in output.events:
-            self._publish(self.topics.events, event.thread_id, event)
-        for receipt in output.receipts:
-            self._publish(self.topics.receipts, receipt.thread_id, receipt)
+        # A topic's records in one append: one lock for them all (`Log.append_all`).
+        outbox = self.log.append_all(self.topics.outbox, [(d.thread_id, d) for d in output.dispatches])
+        events = self.log.append_all(self.topics.events, [(e.thread_id, e) for e in output.events])
+        receipts = self.log.append_all(self.topics.receipts, [(r.thread_id, r) for r in output.receipts])
+        if self.observers:
+            for records in (outbox, events, receipts):
+                for record in records:
+                    self._notify(record)
         for parked in output.parked:
             self.log.append(self.topics.parked, parked.record.input.thread_id, parked.record.input)
         for loopback in output.loopbacks:

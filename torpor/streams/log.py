@@ -64,6 +64,13 @@ class Log(Protocol):
         """Append `value` keyed by `key`, to `partition` or the key's partition; return it placed."""
         ...
 
+    def append_all(
+        self, topic: LogTopic[V], items: Sequence[tuple[str | bytes, V]]
+    ) -> Sequence[LogRecord[V]]:
+        """Append each `(key, value)` of `items` in order, each to its key's partition, as
+        `append` would one by one; return them placed, in that order."""
+        ...
+
     def read(
         self, topic: LogTopic[V], partition: int, offset: int, max_records: int | None = None
     ) -> Sequence[LogRecord[V]]:
@@ -107,6 +114,27 @@ class InProcessLog:
             record = LogRecord(topic.name, target, len(records), key, value)
             records.append(record)  # held as object (covariant), read back as V
         return record
+
+    def append_all(
+        self, topic: LogTopic[V], items: Sequence[tuple[str | bytes, V]]
+    ) -> Sequence[LogRecord[V]]:
+        # One lock and one look-up of a partition's list for a checkpoint's records of a topic,
+        # not one per record: local mode appends ~6 a completion this way (~1.6 us each alone).
+        name, placed = topic.name, []
+        with self._lock:
+            if topic.partitions == 1:
+                records = self._records(topic, 0)
+                start = len(records)
+                placed = [LogRecord(name, 0, start + i, key, value) for i, (key, value) in enumerate(items)]
+                records.extend(placed)
+            else:
+                for key, value in items:
+                    target = partition_of(topic, key)
+                    records = self._records(topic, target)
+                    record = LogRecord(name, target, len(records), key, value)
+                    records.append(record)
+                    placed.append(record)
+        return placed
 
     def read(
         self, topic: LogTopic[V], partition: int, offset: int, max_records: int | None = None
