@@ -5,7 +5,7 @@ completions and one tool round trip per turn, see `bench.workload`) through
 `LocalRuntime` with the RocksDB store (in local mode's own temp directory, as `torpor
 local` runs it, unless `--store-dir`), the stateless `BenchModel` and the
 `ForgetfulBenchTool`. After each turn of a wave: run until idle, then trim the in-process
-log (it stands in for Kafka, see `bench.retention`). After each wave: `gc.collect()`,
+log (it stands in for Kafka, see `InProcessLog.trim`). After each wave: `gc.collect()`,
 sample this process's RSS and what the bounded store caches hold (`kv.cache_use`). The
 sampling is left out of the timed window (wall and CPU), as Kafka mode leaves its driver
 out: the `gc.collect()` that makes the RSS honest is the bench's, not the runtime's
@@ -32,7 +32,6 @@ from typing import Final
 
 from bench import figures
 from bench.measure import cpu_seconds, dir_bytes, rss_bytes
-from bench.retention import RetainedLog
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms, tune_collector
 from torpor.processors.store.kv import cache_use
@@ -65,7 +64,6 @@ async def run(
     runtime = LocalRuntime(
         BenchModel(), tool, LocalConfig(store="rocks", store_dir=store_dir, batch_size=batch_size)
     )
-    runtime.log = RetainedLog()  # type: ignore[assignment]
     store_root = runtime.store_root
     assert store_root is not None  # a RocksDB store: in `store_dir`, or local mode's own temp directory
     counter = Counter()
@@ -83,7 +81,7 @@ async def run(
                 for thread_id in ids:
                     runtime.send(turn_input(thread_id, turn, now_ms()))
                 await runtime.run_until_idle(WAVE_TIMEOUT_S)
-                runtime.log.trim()  # type: ignore[attr-defined]  # every record has been read
+                runtime.log.trim()  # every record has been read
             sample_started, sample_cpu = time.perf_counter(), cpu_seconds()
             seconds = sample_started - wave_started
             gc.collect()

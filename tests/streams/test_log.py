@@ -55,16 +55,20 @@ def test_a_topic_keeps_its_partition_count_and_range() -> None:
 def test_append_all_places_records_as_appending_them_one_by_one_would(
     partitions: int, keys: list[str | bytes], split: int
 ) -> None:
-    from bench.retention import RetainedLog
-
     topic = LogTopic[str]("events", partitions)
     items = [(key, f"v{i}") for i, key in enumerate(keys)]
     one_by_one = InProcessLog()
     expected = [one_by_one.append(topic, key, value) for key, value in items]
-    for log in (InProcessLog(), RetainedLog()):
-        placed = [*log.append_all(topic, items[:split]), *log.append_all(topic, items[split:])]
-        assert placed == expected
-        assert log.read_all(topic) == one_by_one.read_all(topic)
+    log = InProcessLog()
+    placed = [*log.append_all(topic, items[:split]), *log.append_all(topic, items[split:])]
+    assert placed == expected
+    assert log.read_all(topic) == one_by_one.read_all(topic)
+    trimmed = InProcessLog()  # after a trim the offsets go on counting, for both ways in
+    trimmed.append_all(topic, items[:split])
+    trimmed.trim()
+    again = [*trimmed.append_all(topic, items[split:])]
+    assert again == expected[split:]
+    assert trimmed.read_all(topic) == tuple(sorted(again, key=lambda r: (r.partition, r.offset)))
 
 
 def test_append_all_keeps_a_topics_partition_count() -> None:
@@ -73,3 +77,15 @@ def test_append_all_keeps_a_topics_partition_count() -> None:
     with pytest.raises(ValueError):
         log.append_all(LogTopic[str]("inputs", 1), [("k", "y")])
     assert log.append_all(TOPIC, []) == []
+
+
+def test_a_trimmed_log_keeps_counting_and_refuses_a_read_of_what_it_dropped() -> None:
+    log = InProcessLog()
+    for i in range(3):
+        log.append(TOPIC, "k", f"v{i}")
+    where = partition_of(TOPIC, "k")
+    assert log.trim() == 3 and log.read_all(TOPIC) == () and log.end_offset(TOPIC, where) == 3
+    record = log.append(TOPIC, "k", "v3")
+    assert record.offset == 3 and [r.value for r in log.read(TOPIC, where, 3)] == ["v3"]
+    with pytest.raises(ValueError, match="trimmed"):
+        log.read(TOPIC, where, 2)

@@ -90,10 +90,17 @@ def partition_of(topic: LogTopic[V], key: str | bytes) -> int:
 
 
 class InProcessLog:
-    """A `Log` in memory: lists per topic partition, safe to share between threads."""
+    """A `Log` in memory: lists per topic partition, safe to share between threads.
+
+    `trim()` drops every record held, as Kafka's retention would once they are read: the
+    offsets go on counting, and a read from a dropped offset raises `ValueError`. Local
+    mode never trims (its log is its transcript); a long benchmark does between waves, so
+    that what it measures is the runtime's own memory, not the broker's it stands in for.
+    """
 
     def __init__(self) -> None:
         self._partitions: dict[tuple[str, int], list[LogRecord[object]]] = {}
+        self._first: dict[tuple[str, int], int] = {}  # the offset of a partition's first record held
         self._shapes: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -111,7 +118,8 @@ class InProcessLog:
         target = partition_of(topic, key) if partition is None else partition
         with self._lock:
             records = self._records(topic, target)
-            record = LogRecord(topic.name, target, len(records), key, value)
+            offset = self._first.get((topic.name, target), 0) + len(records)
+            record = LogRecord(topic.name, target, offset, key, value)
             records.append(record)  # held as object (covariant), read back as V
         return record
 
@@ -120,20 +128,14 @@ class InProcessLog:
     ) -> Sequence[LogRecord[V]]:
         # One lock and one look-up of a partition's list for a checkpoint's records of a topic,
         # not one per record: local mode appends ~6 a completion this way (~1.6 us each alone).
-        name, placed = topic.name, []
+        if topic.partitions > 1:
+            return [self.append(topic, key, value) for key, value in items]
+        name = topic.name
         with self._lock:
-            if topic.partitions == 1:
-                records = self._records(topic, 0)
-                start = len(records)
-                placed = [LogRecord(name, 0, start + i, key, value) for i, (key, value) in enumerate(items)]
-                records.extend(placed)
-            else:
-                for key, value in items:
-                    target = partition_of(topic, key)
-                    records = self._records(topic, target)
-                    record = LogRecord(name, target, len(records), key, value)
-                    records.append(record)
-                    placed.append(record)
+            records = self._records(topic, 0)
+            start = self._first.get((name, 0), 0) + len(records)
+            placed = [LogRecord(name, 0, start + i, key, value) for i, (key, value) in enumerate(items)]
+            records.extend(placed)
         return placed
 
     def read(
@@ -141,19 +143,33 @@ class InProcessLog:
     ) -> Sequence[LogRecord[V]]:
         with self._lock:
             records = self._records(topic, partition)
-            end = len(records) if max_records is None else min(len(records), offset + max_records)
-            return tuple(records[offset:end])  # type: ignore[arg-type]
+            first = self._first.get((topic.name, partition), 0)
+            if offset < first:
+                raise ValueError(f"{topic.name}[{partition}] offset {offset} was trimmed (from {first} on)")
+            start = offset - first
+            end = len(records) if max_records is None else min(len(records), start + max_records)
+            return tuple(records[start:end])  # type: ignore[arg-type]
 
     def end_offset(self, topic: LogTopic[V], partition: int) -> int:
         with self._lock:
-            return len(self._records(topic, partition))
+            return self._first.get((topic.name, partition), 0) + len(self._records(topic, partition))
 
     def read_all(self, topic: LogTopic[V]) -> Sequence[LogRecord[V]]:
-        """Every record of `topic`, partition by partition (for transcripts and tests)."""
+        """Every record of `topic` held, partition by partition (for transcripts and tests)."""
         out: list[LogRecord[V]] = []
         for partition in range(topic.partitions):
-            out.extend(self.read(topic, partition, 0))
+            out.extend(self.read(topic, partition, self._first.get((topic.name, partition), 0)))
         return tuple(out)
+
+    def trim(self) -> int:
+        """Drop every record held (the offsets go on counting); return how many were dropped."""
+        with self._lock:
+            dropped = 0
+            for where, records in self._partitions.items():
+                self._first[where] = self._first.get(where, 0) + len(records)
+                dropped += len(records)
+                records.clear()
+            return dropped
 
 
 # A record is built per append (several per input in local mode): a faster __init__, same
