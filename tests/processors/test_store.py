@@ -189,13 +189,19 @@ def test_a_rocks_store_opens_with_the_tuning_kv_names(tmp_path: Path) -> None:
     assert float(settings["memtable_prefix_bloom_size_ratio"]) == kv.MEMTABLE_BLOOM_RATIO
 
 
+def lookup(cache: RowCache, key: bytes) -> tuple[bool, bytes | None]:
+    """(True, value or None for a deleted row) if `cache` holds `key`, else (False, None):
+    what `RocksStore.get` reads from `RowCache.rows`."""
+    return (True, cache.rows[key]) if key in cache.rows else (False, None)
+
+
 def test_a_row_cache_keeps_the_latest_writes_within_its_bytes() -> None:
     cache = RowCache(3 * (64 + 2))  # three rows of a one-byte key and value
     cache.remember([(b"a", b"1"), (b"b", b"2"), (b"c", None)])
-    assert (cache.lookup(b"a"), cache.lookup(b"c"), cache.lookup(b"z")) == ((True, b"1"), (True, None),
+    assert (lookup(cache, b"a"), lookup(cache, b"c"), lookup(cache, b"z")) == ((True, b"1"), (True, None),
                                                                             (False, None))
     cache.remember([(b"a", b"3"), (b"d", b"4")])  # a rewritten row is the newest: b is the oldest
-    assert cache.lookup(b"b") == (False, None) and cache.lookup(b"a") == (True, b"3") and len(cache) == 3
+    assert lookup(cache, b"b") == (False, None) and lookup(cache, b"a") == (True, b"3") and len(cache) == 3
     cache.remember([(b"big", b"x" * 1000)])  # larger than the whole cache: nothing kept
     assert len(cache) == 0
     with pytest.raises(ValueError):
@@ -214,12 +220,12 @@ def test_a_row_cache_counts_exactly_the_bytes_of_the_rows_it_holds(
     cache = RowCache(cache_bytes)
     for batch in batches:
         cache.remember(batch)
-        held = cache._rows  # the accounting itself is what is checked
+        held = cache.rows  # the accounting itself is what is checked
         assert cache._bytes == sum(len(k) + len(v or b"") + 64 for k, v in held.items())
         assert cache._bytes <= cache_bytes
         last = dict(batch)
         for key, value in last.items():
-            assert cache.lookup(key) in ((True, value), (False, None))
+            assert lookup(cache, key) in ((True, value), (False, None))
 
 
 def _evicted_oldest_first(model: dict[bytes, bytes | None], capacity: int) -> None:
@@ -246,12 +252,12 @@ def test_a_row_cache_evicts_exactly_the_oldest_writes_as_a_reference_model_does(
                 model.pop(key, None)
                 model[key] = value
             _evicted_oldest_first(model, capacity)
-        assert list(cache._rows.items()) == list(model.items())  # the same rows, in write order
+        assert list(cache.rows.items()) == list(model.items())  # the same rows, in write order
         if i < len(resizes):
             capacity = resizes[i]
             cache.resize(capacity)
             _evicted_oldest_first(model, capacity)
-            assert list(cache._rows.items()) == list(model.items())
+            assert list(cache.rows.items()) == list(model.items())
 
 
 _OPS = st.lists(
@@ -285,7 +291,7 @@ def test_a_row_cache_admits_a_found_row_it_does_not_hold_as_its_newest_as_a_refe
             if cache_bytes and key not in model:
                 model[key] = value
         _evicted_oldest_first(model, cache_bytes)
-        assert list(cache._rows.items()) == list(model.items())
+        assert list(cache.rows.items()) == list(model.items())
         assert cache._bytes == sum(len(k) + len(v or b"") + 64 for k, v in model.items())
 
 
@@ -299,19 +305,19 @@ def test_a_row_cache_does_not_admit_a_read_that_a_write_began_during() -> None:
     cache.writing()
     cache.remember([(b"a", b"x"), (b"b", b"y")])
     cache.admit(b"k", b"0", before)
-    assert cache.lookup(b"k") == (False, None)
+    assert lookup(cache, b"k") == (False, None)
     # A write begun and not yet remembered: the read may have seen either value; not kept.
     before = cache.writes
     cache.writing()
     cache.admit(b"k", b"0", before)
-    assert cache.lookup(b"k") == (False, None)
+    assert lookup(cache, b"k") == (False, None)
     # Counted after the write began: the read may be the old value, kept until the write's
     # `remember` replaces it.
     during = cache.writes
     cache.admit(b"k", b"0", during)
-    assert cache.lookup(b"k") == (True, b"0")
+    assert lookup(cache, b"k") == (True, b"0")
     cache.remember([(b"k", b"1")])
-    assert cache.lookup(b"k") == (True, b"1")
+    assert lookup(cache, b"k") == (True, b"1")
 
 
 def test_a_rocks_store_serves_a_row_it_found_from_memory_and_keeps_no_miss(tmp_path: Path) -> None:
@@ -319,11 +325,11 @@ def test_a_rocks_store_serves_a_row_it_found_from_memory_and_keeps_no_miss(tmp_p
     try:
         store.apply([(b"cfg", b"c")])  # written once, read at every input (a config row)
         store.apply([(b"k1", b"1"), (b"k2", b"2")])  # later writes push it out
-        assert store._recent.lookup(b"cfg") == (False, None)
+        assert lookup(store._recent, b"cfg") == (False, None)
         assert store.get(b"cfg") == b"c"  # from RocksDB, and kept
-        assert store._recent.lookup(b"cfg") == (True, b"c")
+        assert lookup(store._recent, b"cfg") == (True, b"c")
         assert store.get(b"never") is None
-        assert store._recent.lookup(b"never") == (False, None)
+        assert lookup(store._recent, b"never") == (False, None)
         store.apply([(b"cfg", b"d")])
         assert store.get(b"cfg") == b"d"
     finally:
@@ -453,7 +459,7 @@ def test_a_row_cache_resized_down_evicts_its_oldest_rows_and_resized_up_keeps_th
     cache = RowCache(4 * (64 + 2))
     cache.remember([(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")])
     cache.resize(2 * (64 + 2))
-    assert [cache.lookup(k)[0] for k in (b"a", b"b", b"c", b"d")] == [False, False, True, True]
+    assert [lookup(cache, k)[0] for k in (b"a", b"b", b"c", b"d")] == [False, False, True, True]
     cache.resize(10 * (64 + 2))
     assert len(cache) == 2 and cache._bytes == 2 * (64 + 2)
 

@@ -337,22 +337,15 @@ class RowCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         self._capacity = _checked_capacity(capacity_bytes)
-        self._rows: dict[bytes, bytes | None] = {}
-        self.rows = self._rows
-        """The rows held, by key (None: deleted), for a reader's `get`: the same dict for the
-        cache's life, read only (changed only by the methods below, under the lock)."""
+        self.rows: dict[bytes, bytes | None] = {}
+        """The rows held, by key (None: deleted), oldest first: a reader looks a key up here
+        (`RocksStore.get`; a miss is `_UNKNOWN`). The same dict for the cache's life, read
+        only outside this class (changed by the methods below, under the lock)."""
         self._bytes = 0
         self._changing = threading.Lock()  # `remember` on the writer, `admit` and `resize` on any thread
         self.writes = 0
         """Counts each write at its start (`writing`) and at its end (`remember`): read it before
         a read of the store, and pass it to `admit`."""
-
-    def lookup(self, key: bytes) -> tuple[bool, bytes | None]:
-        """(True, value or None for a deleted row) if the cache knows `key`, else (False, None)."""
-        value = self._rows.get(key, _UNKNOWN)
-        if value is _UNKNOWN:
-            return False, None
-        return True, value  # type: ignore[return-value]
 
     def writing(self) -> None:
         """The writer is about to write the store: a read begun before must not be admitted."""
@@ -363,9 +356,9 @@ class RowCache:
         """Keep `value`, which a read of `key` found in the store, as the newest row, if no
         write began since the count was `writes` (read before the read began)."""
         with self._changing:
-            if self.writes != writes or self._capacity == 0 or key in self._rows:
+            if self.writes != writes or self._capacity == 0 or key in self.rows:
                 return
-            self._rows[key] = value
+            self.rows[key] = value
             self._bytes = self._evict(self._bytes + len(key) + _ROW_OVERHEAD + len(value))
 
     def remember(self, changes: Sequence[Change]) -> None:
@@ -374,7 +367,7 @@ class RowCache:
             self.writes += 1
             if self._capacity == 0:
                 return
-            rows, pop, held = self._rows, self._rows.pop, self._bytes
+            rows, pop, held = self.rows, self.rows.pop, self._bytes
             for key, value in changes:  # `_row_bytes` written out: a call per row cost a third of this
                 old = pop(key, _UNKNOWN)
                 if old is _UNKNOWN:
@@ -400,7 +393,7 @@ class RowCache:
         row: a dict keeps the slots of popped keys until it resizes, and iteration starts
         by scanning past them, so popping the oldest row again and again was quadratic
         (9 us a row under load, and a full `resize(0)` at close took 0.6 s)."""
-        rows = self._rows
+        rows = self.rows
         doomed: list[bytes] = []
         for key, value in rows.items():
             if held <= self._capacity:
@@ -417,7 +410,7 @@ class RowCache:
         return self._bytes
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.rows)
 
 
 _UNKNOWN: Final = object()
@@ -489,9 +482,9 @@ class RocksStore:
         self._write_options.sync = sync
 
     def get(self, key: bytes) -> bytes | None:
-        # The cache's rows read directly: this is the store's hottest call (several per
-        # input), and `RowCache` is a Python class (see there), so `lookup` cost a method
-        # call through the interpreter and a tuple.
+        # The cache's rows read directly, from this store's own reference to them: this is
+        # the store's hottest call (several per input), and `RowCache` is a Python class
+        # (see there), so a method of it, or even its attribute, costs an interpreted lookup.
         cached = self._cached.get(key, _UNKNOWN)
         if cached is not _UNKNOWN:
             return cast(bytes | None, cached)
