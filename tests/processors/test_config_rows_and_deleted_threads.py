@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 from tests.processors.fold_scenarios import config, control, create, user
+from tests.processors.test_statecodec import second_form_row
 from torpor.processors.fold.state import Status
 from torpor.processors.replay import compare, thread_heads
 from torpor.processors.step import StepRecord, step
@@ -111,10 +112,7 @@ def test_replay_of_a_store_last_written_before_a_side_row_compares_equal(before:
         live.apply(((keys.state_key("t1"), statecodec.encode(state)), (keys.config_key("t1"), None),
                     (keys.answered_key("t1"), None)))
     else:  # as it wrote it before the answered row: the config apart, the answered ids inline
-        fields = statecodec._record_to(state)
-        fields.pop("config")
-        second = statecodec.WITHOUT_CONFIG + statecodec._dumps(fields).encode()
-        live.apply(((keys.state_key("t1"), second), (keys.answered_key("t1"), None)))
+        live.apply(((keys.state_key("t1"), second_form_row(state)), (keys.answered_key("t1"), None)))
     statecodec._STATES._by_thread.clear()  # a process that never wrote the rows it reads
     assert load_state(live, "t1") == state  # read as the same state
     replayed = MemoryStore()

@@ -249,7 +249,7 @@ def test_records_of_one_field_or_none_encode_as_one_sorted_dump() -> None:
     assert statecodec.encode(Zero()) == b"{}"
 
 
-def _second_form(state: ThreadState) -> bytes:
+def second_form_row(state: ThreadState) -> bytes:
     """The state row torpor wrote before the answered row: its config apart, its answered ids inline."""
     fields = statecodec._record_to(state)
     fields.pop("config")
@@ -263,7 +263,8 @@ def test_a_state_row_of_an_older_form_is_read_and_the_next_input_writes_all_thre
     if form == "config inline":  # as a store written before the config row existed
         older = ((keys.state_key("t1"), statecodec.encode(state)), (keys.config_key("t1"), None))
     else:  # as one written before the answered row existed
-        older = ((keys.state_key("t1"), _second_form(state)), (keys.config_key("t1"), encode_state(state)[1]))
+        older = ((keys.state_key("t1"), second_form_row(state)),
+                 (keys.config_key("t1"), encode_state(state)[1]))
     store.apply((*older, (keys.answered_key("t1"), None)))
     statecodec._STATES._by_thread.clear()  # a process that never wrote the rows it reads
     assert load_state(store, "t1") == state
@@ -282,7 +283,7 @@ def test_a_side_row_left_beside_a_state_row_of_an_older_form_is_not_read() -> No
     _, config_row, _ = encode_state(state)
     inline = statecodec.encode(state)
     assert decode_state(inline, b'{"not": "a config"}', b'["x"]') == state
-    assert decode_state(_second_form(state), config_row, b'["x"]') == state
+    assert decode_state(second_form_row(state), config_row, b'["x"]') == state
     with pytest.raises(ValueError, match="no known form"):
         decode_state(b"\x07" + inline, config_row, b"[]")
 
@@ -306,7 +307,7 @@ def test_a_state_row_without_a_side_row_is_refused_loudly() -> None:
     with pytest.raises(ValueError, match="no answered row"):
         decode_state(raw, config_row, None)
     with pytest.raises(ValueError, match="no config row"):
-        decode_state(_second_form(state), None, None)
+        decode_state(second_form_row(state), None, None)
 
 
 def test_a_thread_created_again_in_another_store_gets_its_config_row() -> None:
