@@ -13,7 +13,11 @@ request has committed. The stage then, off the fold's path:
    that concatenates the deltas' texts sees exactly the provider's text, and a fast
    stream costs one event, not one per chunk;
 3. publishes the finished turn as a `Completion` input, `message_id == request_id`,
-   source `processor`, so a second copy (a re-issue after a crash) is a duplicate.
+   source `processor`, so a second copy (a re-issue after a crash) is a duplicate. Its
+   tool calls carry ids the fold can bind a result to (`carried_calls`): a provider's
+   id that is not a wire id (empty, over 256 characters, odd characters) or that another
+   call of the turn or a call the thread still holds already has is replaced by one
+   derived from the request id.
 
 Transient provider errors are retried with bounded exponential backoff (at least a rate
 limit's `retry-after`, up to `max_retry_after_s`), each retry
@@ -33,7 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import itertools
 import json
 import logging
 import time
@@ -58,8 +64,8 @@ from torpor.processors.store.kv import Store
 from torpor.processors.store.tables import HistoryCache, awaiting_requests, load_state
 from torpor.schemas.codec import encode_value
 from torpor.schemas.frozen import fast_inits
-from torpor.schemas.ids import derive_id
-from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, Usage
+from torpor.schemas.ids import derive_id, id_problem
+from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, ToolCall, Usage
 from torpor.streams.config import MAX_INPUT_BYTES_CEILING
 from torpor.streams.logfields import log_fields
 
@@ -197,13 +203,14 @@ class ModelStage:
 
     async def _run_request(self, request: RequestCompletion) -> None:
         where = {"thread_id": request.thread_id, "message_id": request.request_id}
-        prepared = self._prepare(request)
-        if prepared is None:
+        found = self._prepare(request)
+        if found is None:
             log.info("completion request dropped: the thread no longer awaits it", extra=where)
             return
+        prepared, taken = found
         async with self._gate:
             started = time.monotonic()
-            completion = await self._attempts(prepared)
+            completion = await self._attempts(prepared, taken)
             took = time.monotonic() - started
         self._sink.publish_completion(completion)
         body = completion.body
@@ -212,13 +219,16 @@ class ModelStage:
             self._observer.completion_published(prepared.model, took, body)
         log.log(logging.WARNING if failed else logging.DEBUG, "completion published", extra=where)
 
-    def _prepare(self, request: RequestCompletion) -> CompletionRequest | None:
+    def _prepare(self, request: RequestCompletion) -> tuple[CompletionRequest, frozenset[str]] | None:
+        """The provider's request, and the call ids the thread holds (`carried_calls`)."""
         state = load_state(self._store, request.thread_id)
         if state is None or state.status is not Status.AWAITING_MODEL:
             return None
         if state.pending_request != request.request_id:
             return None
         history = self._histories.visible(self._store, state, request.history_len)
+        taken = frozenset(itertools.chain((c.call_id for c in state.pending_calls),
+                                          (s.call_id for s in state.subscriptions), state.answered_calls))
         return CompletionRequest(
             request_id=request.request_id,
             thread_id=request.thread_id,
@@ -227,9 +237,9 @@ class ModelStage:
             history=history,
             tools=state.config.tools + BUILTIN_TOOLS,
             parent=state.config.parent,
-        )
+        ), taken
 
-    async def _attempts(self, request: CompletionRequest) -> Input:
+    async def _attempts(self, request: CompletionRequest, taken: frozenset[str]) -> Input:
         last: ModelError | None = None
         for attempt in range(1, self.config.max_attempts + 1):
             try:
@@ -249,6 +259,9 @@ class ModelStage:
                 last = ModelError(f"{type(exc).__name__}: {exc}")
                 log.exception("provider raised an unexpected error", extra={"thread_id": request.thread_id})
                 break
+            calls = carried_calls(request.request_id, finished.tool_calls, taken)
+            if calls is not finished.tool_calls:
+                finished = dataclasses.replace(finished, tool_calls=calls)
             completion = self._completion(request, finished, None)
             problem = _size_problem(finished, completion)
             if problem is None:
@@ -340,6 +353,41 @@ class ModelStage:
             signature=None,
             body=body,
         )
+
+
+def carried_calls(request_id: str, calls: tuple[ToolCall, ...], taken: frozenset[str],
+                  ) -> tuple[ToolCall, ...]:
+    """`calls` with ids the fold can bind a result to: each a wire id (`id_problem`), unique
+    in the turn and not one of `taken` (the ids of the thread's pending calls, subscriptions
+    and remembered answered calls). A call whose id breaks that gets `derive_id(request_id,
+    "call", index)` instead, as the scripted model names its calls.
+
+    Why here: the provider is not trusted to name calls well. Some servers send no id or the
+    same one for every call, or reuse `call_0` each turn; a broken or hostile one can send an
+    id of megabytes. Two calls of one id got one dispatch request id (it is derived from the
+    call id), so the connector's journal ran only the first call's effect, and its one result
+    ended both calls: the second call was lost without a word. Answered ids are remembered in the
+    thread's rows, so huge ones grew the answered row past a row's bound, and from then on
+    every result was refused as too large and the thread waited for good. The model sees the
+    new id in the history it is sent, on the call and on its result alike, so the
+    conversation stays consistent for any provider.
+    """
+    seen = set(taken)
+    carried: list[ToolCall] = []
+    renamed = False
+    for index, call in enumerate(calls):
+        call_id = call.call_id
+        if call_id in seen or id_problem(call_id) is not None:
+            call_id = derive_id(request_id, "call", str(index))
+            again = 0
+            while call_id in seen:  # the provider named an earlier call as this one is derived
+                again += 1
+                call_id = derive_id(request_id, "call", str(index), str(again))
+            call = ToolCall(call_id, call.name, call.arguments)
+            renamed = True
+        seen.add(call_id)
+        carried.append(call)
+    return tuple(carried) if renamed else calls
 
 
 def _size_problem(finished: Finished, completion: Input) -> str | None:
