@@ -49,7 +49,7 @@ from typing import Final, Protocol
 
 from torpor.processors.fold.builtins import BUILTIN_TOOLS
 from torpor.processors.fold.effects import RequestCompletion
-from torpor.processors.fold.state import Status
+from torpor.processors.fold.state import Status, ThreadState
 from torpor.processors.models.deltas import Deltas, DeltaWindows
 from torpor.processors.models.provider import (
     CompletionRequest,
@@ -207,10 +207,10 @@ class ModelStage:
         if found is None:
             log.info("completion request dropped: the thread no longer awaits it", extra=where)
             return
-        prepared, taken = found
+        prepared, state = found
         async with self._gate:
             started = time.monotonic()
-            completion = await self._attempts(prepared, taken)
+            completion = await self._attempts(prepared, state)
             took = time.monotonic() - started
         self._sink.publish_completion(completion)
         body = completion.body
@@ -219,16 +219,14 @@ class ModelStage:
             self._observer.completion_published(prepared.model, took, body)
         log.log(logging.WARNING if failed else logging.DEBUG, "completion published", extra=where)
 
-    def _prepare(self, request: RequestCompletion) -> tuple[CompletionRequest, frozenset[str]] | None:
-        """The provider's request, and the call ids the thread holds (`carried_calls`)."""
+    def _prepare(self, request: RequestCompletion) -> tuple[CompletionRequest, ThreadState] | None:
+        """The provider's request, and the thread's state it was made from."""
         state = load_state(self._store, request.thread_id)
         if state is None or state.status is not Status.AWAITING_MODEL:
             return None
         if state.pending_request != request.request_id:
             return None
         history = self._histories.visible(self._store, state, request.history_len)
-        taken = frozenset(itertools.chain((c.call_id for c in state.pending_calls),
-                                          (s.call_id for s in state.subscriptions), state.answered_calls))
         return CompletionRequest(
             request_id=request.request_id,
             thread_id=request.thread_id,
@@ -237,9 +235,9 @@ class ModelStage:
             history=history,
             tools=state.config.tools + BUILTIN_TOOLS,
             parent=state.config.parent,
-        ), taken
+        ), state
 
-    async def _attempts(self, request: CompletionRequest, taken: frozenset[str]) -> Input:
+    async def _attempts(self, request: CompletionRequest, state: ThreadState) -> Input:
         last: ModelError | None = None
         for attempt in range(1, self.config.max_attempts + 1):
             try:
@@ -259,9 +257,10 @@ class ModelStage:
                 last = ModelError(f"{type(exc).__name__}: {exc}")
                 log.exception("provider raised an unexpected error", extra={"thread_id": request.thread_id})
                 break
-            calls = carried_calls(request.request_id, finished.tool_calls, taken)
-            if calls is not finished.tool_calls:
-                finished = dataclasses.replace(finished, tool_calls=calls)
+            if finished.tool_calls:
+                calls = carried_calls(request.request_id, finished.tool_calls, held_call_ids(state))
+                if calls is not finished.tool_calls:
+                    finished = dataclasses.replace(finished, tool_calls=calls)
             completion = self._completion(request, finished, None)
             problem = _size_problem(finished, completion)
             if problem is None:
@@ -353,6 +352,13 @@ class ModelStage:
             signature=None,
             body=body,
         )
+
+
+def held_call_ids(state: ThreadState) -> frozenset[str]:
+    """The call ids a new call of `state`'s thread may not take (`carried_calls`): its
+    pending calls', its subscriptions' and the answered ones it remembers."""
+    return frozenset(itertools.chain((c.call_id for c in state.pending_calls),
+                                     (s.call_id for s in state.subscriptions), state.answered_calls))
 
 
 def carried_calls(request_id: str, calls: tuple[ToolCall, ...], taken: frozenset[str],
