@@ -1,5 +1,5 @@
 """The model stage's sink on a real broker: what its producer holds stays bounded, and a
-completion it could not deliver is said.
+completion it could not deliver is sent again until it is.
 
 librdkafka keeps every message it sent until the report of its delivery is served. The
 processor's loop never serves the stage producer's reports, so the sink serves them
@@ -12,11 +12,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from pathlib import Path
 from typing import Final
 
 import pytest
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
-from tests.conftest import TopicFactory
+from tests.conftest import TopicFactory, wait_for_leaders
+from tests.faults.own_broker import OwnBroker
 from tests.waiting import wait_until
 from torpor.processors.processor import SERVE_REPORTS_EVERY, STAGE_LINGER_MS, KafkaStageSink
 from torpor.schemas.codec import default_codec
@@ -70,24 +75,96 @@ def test_the_stage_sink_frees_the_messages_the_broker_acknowledged(
     assert producer.flush(30) == 0  # and nothing was lost on the way
 
 
-def test_the_stage_sink_says_when_a_completion_was_not_delivered(
+def _completion(thread_id: str, request_id: str) -> Input:
+    body = Completion(request_id=request_id, content=(), tool_calls=(), usage=Usage(0, 0, 0),
+                      model="scripted:test", error=None)
+    return Input(message_id=request_id, thread_id=thread_id, created_at=1, source="processor",
+                 expires_at=None, key_id=None, signature=None, body=body)
+
+
+def _said(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if text in r.getMessage()]
+
+
+def test_a_completion_the_producer_gave_up_on_is_sent_again(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A topic the broker does not have (it creates none by itself): librdkafka gives up
-    # on the record after its delivery timeout, shortened here.
+    # on the record after its delivery timeout, shortened here, and the sink sends it
+    # again, and again, for as long as the producer lives.
     missing = f"test.missing.{uuid.uuid4().hex}"
     topics = dataclasses.replace(TopicNames.for_prefix("unused."), inputs=missing)
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap,
                           librdkafka_overrides=(("message.timeout.ms", "1000"),))
     producer = make_producer(Settings(kafka=kafka), linger_ms=STAGE_LINGER_MS)
     sink = KafkaStageSink(producer, topics, 2, default_codec())
-    body = Completion(request_id="request-1", content=(), tool_calls=(), usage=Usage(0, 0, 0),
-                      model="scripted:test", error=None)
-    completion = Input(message_id="request-1", thread_id="thread-lost", created_at=1, source="processor",
-                       expires_at=None, key_id=None, signature=None, body=body)
     with caplog.at_level(logging.WARNING, logger="torpor.processors.processor"):
-        sink.publish_completion(completion)
-        assert producer.flush(30) == 0  # served: the report of the failed delivery included
-    said = [r for r in caplog.records if "a completion was not delivered" in r.getMessage()]
-    assert len(said) == 1, caplog.text
-    assert getattr(said[0], "thread_id", None) == "thread-lost"
+        sink.publish_completion(_completion("thread-lost", "request-1"))
+
+        def resent_twice() -> bool:
+            sink.serve_reports()
+            return len(_said(caplog, "sending it again")) >= 2
+
+        wait_until(resent_twice, timeout=60,
+                   message=lambda: f"the completion is sent again twice; {caplog.text}")
+        assert len(producer) == 1  # one copy in flight at a time, not one more per failure
+        producer.purge()  # no reason to send it again: the producer is closing
+        producer.flush(10)
+    assert len(producer) == 0
+    said = _said(caplog, "a completion was not delivered")
+    assert all(getattr(r, "thread_id", None) == "thread-lost" for r in said)
+    (purged,) = _said(caplog, "waits until its partition moves")  # said once, not sent again
+    assert "_PURGE_QUEUE" in purged.getMessage()
+
+
+@pytest.mark.slow
+def test_a_completion_sent_while_the_broker_is_away_arrives_once_it_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, librdkafka's give-up (`message.timeout.ms` after the broker went away) was only
+    logged: the thread waited for the model until its partition moved or the worker restarted."""
+    broker = OwnBroker.start(tmp_path / "broker")
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 2})
+        inputs = f"test.inputs.{uuid.uuid4().hex[:8]}"
+        admin.create_topics([NewTopic(inputs, num_partitions=2, replication_factor=1)])[inputs].result(30)
+        wait_for_leaders(admin, inputs, 2)
+        topics = dataclasses.replace(TopicNames.for_prefix("unused."), inputs=inputs)
+        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap,
+                              librdkafka_overrides=(("message.timeout.ms", "2000"),))
+        producer = make_producer(Settings(kafka=kafka), linger_ms=STAGE_LINGER_MS)
+        sink = KafkaStageSink(producer, topics, 2, default_codec())
+        broker.stop()
+        with caplog.at_level(logging.WARNING, logger="torpor.processors.processor"):
+            sink.publish_completion(_completion("thread-away", "request-away"))
+
+            def resent() -> bool:
+                sink.serve_reports()
+                return bool(_said(caplog, "sending it again"))
+
+            wait_until(resent, timeout=60, message=lambda: f"the completion is sent again; {caplog.text}")
+            broker.restart(topic=inputs)
+
+            def delivered() -> bool:
+                sink.serve_reports()
+                return len(producer) == 0
+
+            wait_until(delivered, timeout=120, message=lambda: f"the completion is delivered; {caplog.text}")
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+                             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                             "log_level": 2})
+        consumer.subscribe([inputs])
+        found: list[Input] = []
+
+        def read() -> bool:
+            for message in consumer.consume(10, timeout=1):
+                value = message.value()
+                if message.error() is None and value is not None:
+                    found.append(default_codec().decode(inputs, value, Input))
+            return bool(found)
+
+        wait_until(read, timeout=60, message="the completion is on the inputs topic")
+        consumer.close()
+        assert {(f.message_id, f.thread_id) for f in found} == {("request-away", "thread-away")}
+    finally:
+        broker.close()

@@ -2,7 +2,8 @@
 
 No broker: the stage thread is an asyncio loop on a daemon thread; these check that
 calls handed over while a wake-up is pending still run, in order, that they count as in
-flight until they have run, and that one that raises strands none behind it.
+flight until they have run, that one that raises strands none behind it, and that a
+periodic call (`every`, which serves the stage producer's delivery reports) keeps ticking.
 """
 
 from __future__ import annotations
@@ -48,5 +49,22 @@ def test_a_call_that_raises_strands_none_of_the_calls_behind_it() -> None:
         release.set()
         wait_until(lambda: stages.scheduled == 0, timeout=30, message="every call ran or failed")
         assert ran == ["after"]
+    finally:
+        stages.stop()
+
+
+def test_a_periodic_call_keeps_running_on_the_stage_loop_after_one_that_raises() -> None:
+    stages = StageThread()
+    try:
+        ticks: list[str] = []
+
+        def tick() -> None:
+            ticks.append(threading.current_thread().name)
+            if len(ticks) == 2:
+                raise RuntimeError("one tick fails")
+
+        stages.every(0.01, tick)
+        wait_until(lambda: len(ticks) >= 5, timeout=30, message="the periodic call ran five times")
+        assert set(ticks) == {"torpor-model-stage"}  # on the stage's loop, not the caller's thread
     finally:
         stages.stop()

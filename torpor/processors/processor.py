@@ -14,7 +14,8 @@ in `streams.loop.CheckpointLoop`, which gives each owned `inputs` partition a
 3. after the commit, writes the overlay to RocksDB (one batch with the offsets) and only
    then hands the committed completion requests to the partition's `ModelStage`, whose
    `Completion` inputs go to `inputs` through a plain idempotent producer (the fold
-   dedups them by message id, which is the request id).
+   dedups them by message id, which is the request id). A completion that producer gave
+   up on while the broker was away is sent again (`KafkaStageSink`).
 
 When a partition starts (restored and checked) its stage re-issues the requests of
 threads still `awaiting_model`; when it is revoked its model calls are cancelled. The
@@ -95,7 +96,25 @@ serves them while the processor runs (the loop polls its own transactional produ
 `_is_busy` polls this one, but only with `--until-idle`): a worker held up to 100,000
 delivered messages (`queue.buffering.max.messages`), ~120 MiB, until a `BufferError`
 made it flush them all at once, every ~40 s at full speed. Not at every send: `poll`
-lets go of the GIL, which the loop's thread then holds for up to a switch interval."""
+lets go of the GIL, which the loop's thread then holds for up to a switch interval. The
+stage's loop serves them every `SERVE_REPORTS_S` too, for the reports that come while
+nothing is sent."""
+
+SERVE_REPORTS_S: Final = 1.0
+"""The stage's loop also serves its producer's delivery reports this often, sends or not:
+during a broker outage nothing is sent, and the report of a completion librdkafka gave up
+on must still be served for the sink to send it again (`KafkaStageSink`)."""
+
+RESEND_CODES: Final = frozenset({
+    KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
+})
+"""Delivery failures of a completion that the sink answers by sending it again: the broker
+or the partition's leader was away for the whole `message.timeout.ms` (5 minutes by
+default). A purge (the producer closing) or a refusal (authorization, a fatal idempotence
+error) is not one of them: those are logged, and the thread is asked again by the
+partition's next owner (`ModelStage.resume`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +188,17 @@ class StageThread:
     def scheduled(self) -> int:
         return len(self._pending)
 
+    def every(self, seconds: float, fn: Callable[[], object]) -> None:
+        """Run `fn` on the stage loop every `seconds`, from now until the loop stops."""
+        def tick() -> None:
+            try:
+                fn()
+            except Exception:  # a failing tick must not end the ones after it
+                log.exception("a periodic call on the model stage's loop failed")
+            self._loop.call_later(seconds, tick)
+
+        self._loop.call_soon_threadsafe(self._loop.call_later, seconds, tick)
+
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=CANCEL_SECONDS)
@@ -178,7 +208,15 @@ _Headers = list[tuple[str, str | bytes | None]] | None  # as `Producer.produce` 
 
 
 class KafkaStageSink:
-    """`StageSink` over a plain producer: live events to `events`, completions to `inputs`."""
+    """`StageSink` over a plain producer: live events to `events`, completions to `inputs`.
+
+    A completion librdkafka gave up on for a reason that passes (`RESEND_CODES`: the broker
+    away longer than the delivery timeout) is sent again, the same bytes, until it is
+    delivered or the producer closes: a copy that did arrive meanwhile is a duplicate of the
+    same message id, which the fold absorbs. Before, the thread waited for the model until
+    its partition moved or the worker restarted. Live deltas are not sent again: they are
+    ephemeral, and the turn's entry carries their text. `serve_reports` must be called
+    periodically (`StageThread.every`), sends or not, for the failed reports to be seen."""
 
     def __init__(self, producer: Producer, topics: TopicNames, inputs_partitions: int, codec: Codec,
                  signer: Signer | None = None) -> None:
@@ -200,7 +238,26 @@ class KafkaStageSink:
         key = completion.thread_id.encode()
         listed: _Headers = list(headers) if headers else None
         self._send(self._inputs, key, self._codec.encode(self._inputs, completion),
-                   partition_for(key, self._partitions), listed, _completion_delivered)
+                   partition_for(key, self._partitions), listed, self._completion_delivered)
+
+    def serve_reports(self) -> None:
+        """Serve the producer's delivery reports (a completion's failed one sends it again)."""
+        self._producer.poll(0)
+
+    def _completion_delivered(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            return
+        thread_id = (message.key() or b"").decode("utf-8", errors="replace")
+        where = {"thread_id": thread_id, "topic": message.topic()}
+        topic, key, value, partition = message.topic(), message.key(), message.value(), message.partition()
+        if error.code() in RESEND_CODES and topic is not None and value is not None and partition is not None:
+            log.warning("a completion was not delivered: %s; sending it again", error, extra=where)
+            found = message.headers()  # a traced completion carries its trace context there
+            headers: _Headers = list(found.items()) if isinstance(found, dict) else found
+            self._send(topic, key or b"", value, partition, headers, self._completion_delivered)
+            return
+        log.warning("a completion was not delivered: %s; the thread waits until its partition moves or this "
+                    "worker restarts, and is asked again then", error, extra=where)
 
     def _send(self, topic: str, key: bytes, value: bytes, partition: int, headers: _Headers,
               on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
@@ -216,17 +273,6 @@ class KafkaStageSink:
         self._sent += 1
         if self._sent % SERVE_REPORTS_EVERY == 0:
             self._producer.poll(0)  # frees the messages delivered so far (SERVE_REPORTS_EVERY)
-
-
-def _completion_delivered(error: KafkaError | None, message: Message) -> None:
-    """Say so when librdkafka gave up on a completion (after `delivery.timeout.ms` without a
-    broker that takes it): the thread then waits for the model until its partition moves or
-    this worker restarts, and the next owner asks again (`ModelStage.resume`)."""
-    if error is not None:
-        thread_id = (message.key() or b"").decode("utf-8", errors="replace")
-        log.warning("a completion was not delivered: %s; the thread waits until its partition moves "
-                    "or this worker restarts, and is asked again then", error,
-                    extra={"thread_id": thread_id, "topic": message.topic()})
 
 
 class ThreadTask:
@@ -403,6 +449,7 @@ class Processor:
         self.histories = HistoryCache(config.stage.history_cache_entries)  # shared by the stages
         self._sink_producer = make_producer(settings, linger_ms=STAGE_LINGER_MS)
         sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec, signer)
+        self.stages.every(SERVE_REPORTS_S, sink.serve_reports)
         self.sink: StageSink = sink
         self.traces: FoldTraces | None = None
         if tracing is not None:
