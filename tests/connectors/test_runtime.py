@@ -84,9 +84,12 @@ def _results(deployment: Deployment) -> list[ToolResult]:
 
 
 def _serve(deployment: Deployment, journal: Path, until: Callable[[ConnectorRuntime], bool],
-           factory: ConnectorFactory = slow, **options: Any) -> None:
-    """Run a runtime in this thread's event loop until `until(runtime)` holds (60 s at most)."""
-    settings = Settings(kafka=KafkaSettings(bootstrap_servers=deployment.bootstrap),
+           factory: ConnectorFactory = slow, *, librdkafka: tuple[tuple[str, str], ...] = (),
+           timeout: float = 60, **options: Any) -> None:
+    """Run a runtime in this thread's event loop until `until(runtime)` holds (`timeout` s at
+    most; `until` is asked on a thread of its own, so it may block)."""
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=deployment.bootstrap,
+                                            librdkafka_overrides=librdkafka),
                         topics=TopicSettings(prefix=deployment.prefix))
     runtime = ConnectorRuntime(settings, factory, group=f"g-{deployment.prefix}",
                                journal=EffectJournal(journal), **options)
@@ -95,7 +98,7 @@ def _serve(deployment: Deployment, journal: Path, until: Callable[[ConnectorRunt
         done = asyncio.Event()
 
         async def watch() -> None:
-            await asyncio.to_thread(wait_until, lambda: until(runtime), timeout=60,
+            await asyncio.to_thread(wait_until, lambda: until(runtime), timeout=timeout,
                                     message="the runtime's work")
             done.set()
 

@@ -24,6 +24,7 @@ from torpor.streams.errors import (
     KafkaRetriableError,
     ProducerFencedError,
     TransactionAbortRequiredError,
+    is_transient_delivery_error,
     is_transient_read_error,
     translate,
     translate_consume,
@@ -134,3 +135,18 @@ def test_a_consumer_error_other_than_a_fence_keeps_its_plain_translation() -> No
 
     assert type(translated) is KafkaOperationError
     assert str(translated).startswith("consume failed: TOPIC_AUTHORIZATION_FAILED")
+
+
+@pytest.mark.parametrize(("code", "again"), [
+    (KafkaError._MSG_TIMED_OUT, True),  # no broker took it within message.timeout.ms
+    (KafkaError._TRANSPORT, True),
+    (KafkaError.NOT_LEADER_FOR_PARTITION, True),
+    (KafkaError._PURGE_QUEUE, False),  # the producer is closing
+    (KafkaError._PURGE_INFLIGHT, False),
+    (KafkaError.MSG_SIZE_TOO_LARGE, False),  # the same bytes would be refused again
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, False),
+    (KafkaError._FATAL, False),
+])
+def test_only_a_delivery_that_timed_out_or_lost_its_broker_is_worth_sending_again(code: int,
+                                                                                   again: bool) -> None:
+    assert is_transient_delivery_error(KafkaError(code)) is again

@@ -18,7 +18,9 @@ Contract. `ConnectorRuntime(settings, factory, group=..., journal=..., signer=..
 - produces the connector's inputs (`ToolResult`, `ToolEvent`, `TimerFired`,
   `ApprovalRequest`) to `inputs` with an idempotent producer, at the partition murmur2
   picks for the thread, signed with `signer` when there is one; a call's final answer
-  is journaled before it is produced and marked delivered when the broker acknowledges;
+  is journaled before it is produced and marked delivered when the broker acknowledges
+  (one the producer gave up on because the broker was away is produced again, the same
+  bytes, until it is delivered);
 - with `max_concurrency`, takes no new dispatch while that many calls run (the outbox
   partitions are paused, the group membership kept): for tools that cost a process or
   a connection each. Waits (timers) count as running: leave it unset for them;
@@ -73,9 +75,9 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Dispatch, Input, ToolSpec
 from torpor.schemas.signer import Signer
-from torpor.streams.clients import make_consumer, make_producer
+from torpor.streams.clients import SentRecord, make_consumer, make_producer, sent_record
 from torpor.streams.config import Settings, consumer_config
-from torpor.streams.errors import translate
+from torpor.streams.errors import is_transient_delivery_error, translate
 from torpor.streams.membership import GroupWatch, stuck_after_for
 from torpor.streams.partitioner import partition_for
 from torpor.streams.topics import TopicNames
@@ -197,9 +199,29 @@ class ConnectorRuntime:
         def delivered(error: KafkaError | None, message: Message) -> None:
             if error is None:
                 self._intake.delivered(request_id)
+                return
+            again = sent_record(message)
+            if is_transient_delivery_error(error) and again is not None:
+                # The broker was away longer than the delivery timeout: the same answer again
+                # (a copy that did arrive is a duplicate the fold absorbs), not only at the
+                # next start, while the thread waits for it.
+                log.warning("answer not delivered: %s; sending it again", error,
+                            extra={"message_id": request_id})
+                self._produce_again(again, delivered)
             else:  # stays `done`: re-sent at the next start
                 log.warning("answer not delivered: %s", error, extra={"message_id": request_id})
         return delivered
+
+    def _produce_again(self, record: SentRecord, on_delivery: Callable[[KafkaError | None, Message], None],
+                       ) -> None:
+        while True:
+            try:
+                self._producer.produce(record.topic, value=record.value, key=record.key,
+                                       partition=record.partition, on_delivery=on_delivery,
+                                       headers=record.headers)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
 
     # --- the loop ----------------------------------------------------------------------
 

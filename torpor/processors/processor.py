@@ -64,8 +64,9 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
 from torpor.schemas.signer import Signer
-from torpor.streams.clients import make_admin, make_consumer, make_producer
+from torpor.streams.clients import Headers, make_admin, make_consumer, make_producer, sent_record
 from torpor.streams.config import Settings, producer_config
+from torpor.streams.errors import is_transient_delivery_error
 from torpor.streams.loop import CheckpointLoop, LoopSettings
 from torpor.streams.partitioner import partition_for
 from torpor.streams.renewal import ProducerRenewal
@@ -105,16 +106,6 @@ SERVE_REPORTS_S: Final = 1.0
 during a broker outage nothing is sent, and the report of a completion librdkafka gave up
 on must still be served for the sink to send it again (`KafkaStageSink`)."""
 
-RESEND_CODES: Final = frozenset({
-    KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
-})
-"""Delivery failures of a completion that the sink answers by sending it again: the broker
-or the partition's leader was away for the whole `message.timeout.ms` (5 minutes by
-default). A purge (the producer closing) or a refusal (authorization, a fatal idempotence
-error) is not one of them: those are logged, and the thread is asked again by the
-partition's next owner (`ModelStage.resume`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,17 +195,18 @@ class StageThread:
         self._thread.join(timeout=CANCEL_SECONDS)
 
 
-_Headers = list[tuple[str, str | bytes | None]] | None  # as `Producer.produce` takes them
 
 
 class KafkaStageSink:
     """`StageSink` over a plain producer: live events to `events`, completions to `inputs`.
 
-    A completion librdkafka gave up on for a reason that passes (`RESEND_CODES`: the broker
-    away longer than the delivery timeout) is sent again, the same bytes, until it is
+    A completion librdkafka gave up on for a reason that passes (the broker away longer than
+    the delivery timeout: `errors.is_transient_delivery_error`) is sent again, the same bytes, until it is
     delivered or the producer closes: a copy that did arrive meanwhile is a duplicate of the
     same message id, which the fold absorbs. Before, the thread waited for the model until
-    its partition moved or the worker restarted. Live deltas are not sent again: they are
+    its partition moved or the worker restarted. A purge (the producer closing) or a refusal
+    is logged, and the thread is asked again by the partition's next owner
+    (`ModelStage.resume`). Live deltas are not sent again: they are
     ephemeral, and the turn's entry carries their text. `serve_reports` must be called
     periodically (`StageThread.every`), sends or not, for the failed reports to be seen."""
 
@@ -236,7 +228,7 @@ class KafkaStageSink:
         if self._signer is not None:
             completion = self._signer.sign(completion)
         key = completion.thread_id.encode()
-        listed: _Headers = list(headers) if headers else None
+        listed: Headers = list(headers) if headers else None
         self._send(self._inputs, key, self._codec.encode(self._inputs, completion),
                    partition_for(key, self._partitions), listed, self._completion_delivered)
 
@@ -249,17 +241,16 @@ class KafkaStageSink:
             return
         thread_id = (message.key() or b"").decode("utf-8", errors="replace")
         where = {"thread_id": thread_id, "topic": message.topic()}
-        topic, key, value, partition = message.topic(), message.key(), message.value(), message.partition()
-        if error.code() in RESEND_CODES and topic is not None and value is not None and partition is not None:
+        again = sent_record(message)
+        if is_transient_delivery_error(error) and again is not None:
             log.warning("a completion was not delivered: %s; sending it again", error, extra=where)
-            found = message.headers()  # a traced completion carries its trace context there
-            headers: _Headers = list(found.items()) if isinstance(found, dict) else found
-            self._send(topic, key or b"", value, partition, headers, self._completion_delivered)
+            self._send(again.topic, again.key, again.value, again.partition, again.headers,
+                       self._completion_delivered)
             return
         log.warning("a completion was not delivered: %s; the thread waits until its partition moves or this "
                     "worker restarts, and is asked again then", error, extra=where)
 
-    def _send(self, topic: str, key: bytes, value: bytes, partition: int, headers: _Headers,
+    def _send(self, topic: str, key: bytes, value: bytes, partition: int, headers: Headers,
               on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
         while True:
             try:

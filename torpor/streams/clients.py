@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata  # the public name is not re-exported for typing
 
@@ -153,3 +153,29 @@ def check_reachable(admin: AdminClient, deadline: Deadline, *, bootstrap_servers
             # A refused connection can fail faster than the call's timeout: pause, don't spin.
             time.sleep(min(_RETRY_PAUSE, deadline.remaining()))
     raise BrokerUnreachableError(bootstrap_servers, deadline.clock() - started, last_failure)
+
+
+Headers = list[tuple[str, str | bytes | None]] | None
+"""Record headers as `Producer.produce` takes them."""
+
+
+class SentRecord(NamedTuple):
+    """A record as a delivery report gives it back: what producing it again needs."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    partition: int
+    headers: Headers
+
+
+def sent_record(message: Message) -> SentRecord | None:
+    """The record the delivery report `message` speaks of, to produce again (the same bytes,
+    partition and headers), or None if the report lacks its topic, value or partition."""
+    topic, value, partition = message.topic(), message.value(), message.partition()
+    if topic is None or value is None or partition is None:
+        return None
+    found = message.headers()  # a traced record carries its trace context there
+    headers: Headers = list(found.items()) if isinstance(found, dict) else found
+    return SentRecord(topic, message.key() or b"", value, partition, headers)
+

@@ -252,3 +252,30 @@ def is_transient_read_error(exc: KafkaException) -> bool:
     its caller retries it, after a pause, while its own deadline lasts.
     """
     return kafka_error_of(exc).code() in _TRANSIENT_READ_CODES
+
+
+# Delivery failures that pass: librdkafka gave up on a record after `message.timeout.ms`
+# (5 minutes by default) because the broker, or the partition's leader, was away all that
+# time. Not a purge (the producer closing) and not a refusal (authorization, a record too
+# large, a fatal idempotence error): sending the same bytes again cannot change those.
+_TRANSIENT_DELIVERY_CODES: Final[frozenset[int]] = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
+
+
+def is_transient_delivery_error(error: KafkaError) -> bool:
+    """Whether a delivery report's `error` says only that no broker took the record in time,
+    so that producing the same record again (an idempotent send of a record its consumer
+    dedups: a completion, a tool's answer) may well succeed once the broker is back."""
+    return error.code() in _TRANSIENT_DELIVERY_CODES
+
