@@ -59,6 +59,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Final, Protocol
@@ -89,6 +90,8 @@ if TYPE_CHECKING:  # the optional extra `otel`: imported at run time only with t
     from torpor.streams.tracing import Tracing
 
 log = logging.getLogger(__name__)
+
+_OnDelivery = Callable[[KafkaError | None, Message], None]
 
 # How long one wait for the outbox may last (on the waiter thread: the tools' tasks run
 # meanwhile, and a dispatch is taken as soon as it comes); bounds the stop latency.
@@ -175,6 +178,9 @@ class ConnectorRuntime:
         # busy). Written by the loop only; a processor hosting this runtime reads it.
         self.idle_since: float | None = None
         self.handled = 0
+        # Answers whose delivery failed, to produce again: appended by the delivery report,
+        # produced by the loop (`_produce_again`), never from inside the report itself.
+        self._again: deque[tuple[SentRecord, _OnDelivery]] = deque()
 
     # --- producing ---------------------------------------------------------------------
 
@@ -195,7 +201,7 @@ class ConnectorRuntime:
             except BufferError:
                 self._producer.poll(0.05)
 
-    def _delivered_callback(self, request_id: str) -> Callable[[KafkaError | None, Message], None]:
+    def _delivered_callback(self, request_id: str) -> _OnDelivery:
         def delivered(error: KafkaError | None, message: Message) -> None:
             if error is None:
                 self._intake.delivered(request_id)
@@ -207,21 +213,25 @@ class ConnectorRuntime:
                 # next start, while the thread waits for it.
                 log.warning("answer not delivered: %s; sending it again", error,
                             extra={"message_id": request_id})
-                self._produce_again(again, delivered)
+                self._again.append((again, delivered))
             else:  # stays `done`: re-sent at the next start
                 log.warning("answer not delivered: %s", error, extra={"message_id": request_id})
         return delivered
 
-    def _produce_again(self, record: SentRecord, on_delivery: Callable[[KafkaError | None, Message], None],
-                       ) -> None:
-        while True:
+    def _produce_again(self) -> None:
+        """Produce the answers whose delivery failed (queued by their reports). Not from inside
+        a report: confluent-kafka's client aborts the process when a call that serves
+        callbacks (`poll`, `flush`) runs inside one it is serving, and a full queue cannot
+        make room while the report that wants it runs. A full queue leaves the rest queued."""
+        while self._again:
+            record, on_delivery = self._again[0]
             try:
                 self._producer.produce(record.topic, value=record.value, key=record.key,
                                        partition=record.partition, on_delivery=on_delivery,
                                        headers=record.headers)
-                return
             except BufferError:
-                self._producer.poll(0.05)
+                return
+            self._again.popleft()
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -269,6 +279,7 @@ class ConnectorRuntime:
                     if message.error() is None and partition is not None and offset is not None:
                         self._offsets.taken(partition, offset)
                 self._producer.poll(0)
+                self._produce_again()
                 if self._observer is not None:
                     self._observer.running(self.connector.busy)
                 self._offsets.commit_due()
@@ -276,7 +287,7 @@ class ConnectorRuntime:
                 if self._group_watch.stuck(self._consumer.memberid(), time.monotonic()):
                     self._replace_consumer()
                     messages = []  # so the next batch is waited for from the new consumer
-                idle = not messages and self.connector.busy == 0 and self._caught_up()
+                idle = not messages and self.connector.busy == 0 and not self._again and self._caught_up()
                 if idle and self.idle_since is None:
                     self.idle_since = time.monotonic()
                 elif not idle:
@@ -290,7 +301,8 @@ class ConnectorRuntime:
             self._waiter.shutdown(wait=True)  # a wait cut short by a cancel: the consumer is ours again
             # Running effects stay `dispatched` in the journal: the next start reconciles them.
             await self.connector.close()
-            if self._producer.flush(FLUSH_SECONDS) > 0:
+            self._produce_again()
+            if self._producer.flush(FLUSH_SECONDS) > 0 or self._again:
                 log.warning("some answers were not delivered before the stop: re-sent at the next start")
             self._offsets.commit_now(FLUSH_SECONDS)
             self._consumer.close()

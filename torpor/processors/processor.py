@@ -64,7 +64,7 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
 from torpor.schemas.signer import Signer
-from torpor.streams.clients import Headers, make_admin, make_consumer, make_producer, sent_record
+from torpor.streams.clients import Headers, SentRecord, make_admin, make_consumer, make_producer, sent_record
 from torpor.streams.config import Settings, producer_config
 from torpor.streams.errors import is_transient_delivery_error
 from torpor.streams.loop import CheckpointLoop, LoopSettings
@@ -105,7 +105,6 @@ SERVE_REPORTS_S: Final = 1.0
 """The stage's loop also serves its producer's delivery reports this often, sends or not:
 during a broker outage nothing is sent, and the report of a completion librdkafka gave up
 on must still be served for the sink to send it again (`KafkaStageSink`)."""
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +194,6 @@ class StageThread:
         self._thread.join(timeout=CANCEL_SECONDS)
 
 
-
-
 class KafkaStageSink:
     """`StageSink` over a plain producer: live events to `events`, completions to `inputs`.
 
@@ -219,6 +216,7 @@ class KafkaStageSink:
         self._partitions = inputs_partitions
         self._codec = codec
         self._sent = 0
+        self._again: deque[SentRecord] = deque()  # appended by reports, sent by `serve_reports`
 
     def publish_event(self, event: ThreadEvent) -> None:
         # Keyed by thread: the producer's murmur2 partitioner puts it where the thread's records go.
@@ -232,9 +230,27 @@ class KafkaStageSink:
         self._send(self._inputs, key, self._codec.encode(self._inputs, completion),
                    partition_for(key, self._partitions), listed, self._completion_delivered)
 
+    @property
+    def resending(self) -> int:
+        """Completions whose delivery failed, waiting to be sent again (`serve_reports`)."""
+        return len(self._again)
+
     def serve_reports(self) -> None:
-        """Serve the producer's delivery reports (a completion's failed one sends it again)."""
+        """Serve the producer's delivery reports, then send again the completions whose
+        delivery failed. The report only queues them: confluent-kafka's client aborts the
+        process when one of its calls that serves callbacks (`poll`, `flush`, which `_send`
+        makes) runs inside a callback it is serving, and a full queue cannot make room
+        while the callback that wants it runs."""
         self._producer.poll(0)
+        while self._again:
+            record = self._again[0]
+            try:
+                self._producer.produce(record.topic, value=record.value, key=record.key,
+                                       partition=record.partition, headers=record.headers,
+                                       on_delivery=self._completion_delivered)
+            except BufferError:  # the queue is full: the next call tries again
+                return
+            self._again.popleft()
 
     def _completion_delivered(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
@@ -244,8 +260,7 @@ class KafkaStageSink:
         again = sent_record(message)
         if is_transient_delivery_error(error) and again is not None:
             log.warning("a completion was not delivered: %s; sending it again", error, extra=where)
-            self._send(again.topic, again.key, again.value, again.partition, again.headers,
-                       self._completion_delivered)
+            self._again.append(again)  # produced by `serve_reports`, never from inside this callback
             return
         log.warning("a completion was not delivered: %s; the thread waits until its partition moves or this "
                     "worker restarts, and is asked again then", error, extra=where)
@@ -441,6 +456,7 @@ class Processor:
         self._sink_producer = make_producer(settings, linger_ms=STAGE_LINGER_MS)
         sink = KafkaStageSink(self._sink_producer, self.topics, inputs_partitions, self.codec, signer)
         self.stages.every(SERVE_REPORTS_S, sink.serve_reports)
+        self._stage_sink = sink
         self.sink: StageSink = sink
         self.traces: FoldTraces | None = None
         if tracing is not None:
@@ -498,6 +514,7 @@ class Processor:
             self.stages.scheduled > 0
             or any(task.in_flight for task in self.tasks.values() if task.stage is not None)
             or len(self._sink_producer) > 0
+            or self._stage_sink.resending > 0
             or self._hosted_busy()
         )
 
@@ -514,5 +531,7 @@ class Processor:
         finally:
             self.stages.stop()
             # On any exit: the completions and live deltas the stage's producer still
-            # holds (STAGE_LINGER_MS) go out, else the next owner pays those model calls again.
+            # holds (STAGE_LINGER_MS) go out, else the next owner pays those model calls again;
+            # the ones queued to be sent again first (the stage's loop no longer serves them).
+            self._stage_sink.serve_reports()
             self._sink_producer.flush(10.0)

@@ -14,9 +14,10 @@ request has committed. The stage then, off the fold's path:
    stream costs one event, not one per chunk;
 3. publishes the finished turn as a `Completion` input, `message_id == request_id`,
    source `processor`, so a second copy (a re-issue after a crash) is a duplicate. Its
-   tool calls carry ids the fold can bind a result to (`carried_calls`): a provider's
-   id that is not a wire id (empty, over 256 characters, odd characters) or that another
-   call of the turn or a call the thread still holds already has is replaced by one
+   tool calls carry ids the fold can bind a result to and any provider can be sent back
+   (`carried_calls`): a provider's id that is not of `CARRIED_CALL_ID` (empty, over 40
+   characters, characters other than letters, digits, `_` and `-`), or that another call
+   of the turn, a call the thread holds or its history already has, is replaced by one
    derived from the request id.
 
 Transient provider errors are retried with bounded exponential backoff (at least a rate
@@ -39,11 +40,12 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import itertools
 import json
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -64,8 +66,19 @@ from torpor.processors.store.kv import Store
 from torpor.processors.store.tables import HistoryCache, awaiting_requests, load_state
 from torpor.schemas.codec import encode_value
 from torpor.schemas.frozen import fast_inits
-from torpor.schemas.ids import derive_id, id_problem
-from torpor.schemas.records import Completion, CompletionError, Input, ThreadEvent, ToolCall, Usage
+from torpor.schemas.ids import derive_id
+from torpor.schemas.records import (
+    AssistantEntry,
+    Completion,
+    CompletionError,
+    EventEntry,
+    HistoryEntry,
+    Input,
+    ThreadEvent,
+    ToolCall,
+    ToolResultEntry,
+    Usage,
+)
 from torpor.streams.config import MAX_INPUT_BYTES_CEILING
 from torpor.streams.logfields import log_fields
 
@@ -258,7 +271,8 @@ class ModelStage:
                 log.exception("provider raised an unexpected error", extra={"thread_id": request.thread_id})
                 break
             if finished.tool_calls:
-                calls = carried_calls(request.request_id, finished.tool_calls, held_call_ids(state))
+                taken = held_call_ids(state, request.history)
+                calls = carried_calls(request.request_id, finished.tool_calls, taken)
                 if calls is not finished.tool_calls:
                     finished = dataclasses.replace(finished, tool_calls=calls)
             completion = self._completion(request, finished, None)
@@ -354,19 +368,42 @@ class ModelStage:
         )
 
 
-def held_call_ids(state: ThreadState) -> frozenset[str]:
-    """The call ids a new call of `state`'s thread may not take (`carried_calls`): its
-    pending calls', its subscriptions' and the answered ones it remembers."""
-    return frozenset(itertools.chain((c.call_id for c in state.pending_calls),
-                                     (s.call_id for s in state.subscriptions), state.answered_calls))
+CARRIED_CALL_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,40}")
+"""A provider's call id kept as it came: what every provider adapter can send back in the
+thread's history, whichever provider the thread is moved to later (Anthropic and Bedrock
+take `[a-zA-Z0-9_-]+`, Bedrock up to 64 characters, OpenAI up to 40), and a wire id.
+`derive_id`'s ids (`tp_` and 32 hex digits) are of it."""
 
 
-def carried_calls(request_id: str, calls: tuple[ToolCall, ...], taken: frozenset[str],
+def held_call_ids(state: ThreadState, history: Sequence[HistoryEntry]) -> set[str]:
+    """The call ids a new call of `state`'s thread may not take (`carried_calls`).
+
+    The fold looks calls up by their ids: the thread's pending calls, its subscriptions, the
+    answered calls it remembers, its children's spawn calls and the call that spawned it.
+    And a provider refuses a request whose history repeats a call id (Anthropic: "tool_use
+    ids must be unique"): every id in `history`, what the provider is sent, among them the
+    calls a child or a fork inherited, which the thread never answered itself."""
+    held = {c.call_id for c in state.pending_calls}
+    held.update(s.call_id for s in state.subscriptions)
+    held.update(state.answered_calls)
+    held.update(c.spawn_call_id for c in state.children)
+    if state.config.parent is not None:
+        held.add(state.config.parent.spawn_call_id)
+    for entry in history:
+        body = entry.body
+        if isinstance(body, AssistantEntry):
+            held.update(c.call_id for c in body.tool_calls)
+        elif isinstance(body, ToolResultEntry | EventEntry):
+            held.add(body.call_id)
+    return held
+
+
+def carried_calls(request_id: str, calls: tuple[ToolCall, ...], taken: AbstractSet[str],
                   ) -> tuple[ToolCall, ...]:
-    """`calls` with ids the fold can bind a result to: each a wire id (`id_problem`), unique
-    in the turn and not one of `taken` (the ids of the thread's pending calls, subscriptions
-    and remembered answered calls). A call whose id breaks that gets `derive_id(request_id,
-    "call", index)` instead, as the scripted model names its calls.
+    """`calls` with ids the fold can bind a result to and every provider can be sent: each of
+    `CARRIED_CALL_ID`, unique in the turn and not one of `taken` (`held_call_ids`). A call
+    whose id breaks that gets `derive_id(request_id, "call", index)` instead, as the scripted
+    model names its calls.
 
     Why here: the provider is not trusted to name calls well. Some servers send no id or the
     same one for every call, or reuse `call_0` each turn; a broken or hostile one can send an
@@ -374,16 +411,17 @@ def carried_calls(request_id: str, calls: tuple[ToolCall, ...], taken: frozenset
     call id), so the connector's journal ran only the first call's effect, and its one result
     ended both calls: the second call was lost without a word. Answered ids are remembered in the
     thread's rows, so huge ones grew the answered row past a row's bound, and from then on
-    every result was refused as too large and the thread waited for good. The model sees the
-    new id in the history it is sent, on the call and on its result alike, so the
-    conversation stays consistent for any provider.
+    every result was refused as too large and the thread waited for good. A provider's id
+    another provider refuses (`functions.search:0`) broke the thread once moved to it. The
+    model sees the new id in the history it is sent, on the call and on its result alike, so
+    the conversation stays consistent for any provider.
     """
     seen = set(taken)
     carried: list[ToolCall] = []
     renamed = False
     for index, call in enumerate(calls):
         call_id = call.call_id
-        if call_id in seen or id_problem(call_id) is not None:
+        if call_id in seen or CARRIED_CALL_ID.fullmatch(call_id) is None:
             call_id = derive_id(request_id, "call", str(index))
             again = 0
             while call_id in seen:  # the provider named an earlier call as this one is derived
