@@ -123,7 +123,9 @@ class BenchModel:
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ModelOutput]:
         for chunk in CHUNKS:
             yield TextDelta(chunk)
-        calls = (ToolCall(f"{request.request_id}:call-0", TOOL, ARGUMENTS),) if wants_tool(request) else ()
+        # Named as hosted providers name calls (`call_...`, `toolu_...`: letters, digits and
+        # `_`, unique per turn), so the stage keeps the id as it came (`stage.carried_calls`).
+        calls = (ToolCall(f"call_{request.request_id[3:]}", TOOL, ARGUMENTS),) if wants_tool(request) else ()
         yield Finished((TextBlock("".join(CHUNKS)),), calls, ZERO, MODEL)
 
 
