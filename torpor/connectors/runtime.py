@@ -76,7 +76,14 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Dispatch, Input, ToolSpec
 from torpor.schemas.signer import Signer
-from torpor.streams.clients import SentRecord, make_consumer, make_producer, sent_record
+from torpor.streams.clients import (
+    OnDelivery,
+    SentRecord,
+    make_consumer,
+    make_producer,
+    produce_again,
+    sent_record,
+)
 from torpor.streams.config import Settings, consumer_config
 from torpor.streams.errors import is_transient_delivery_error, translate
 from torpor.streams.membership import GroupWatch, stuck_after_for
@@ -90,8 +97,6 @@ if TYPE_CHECKING:  # the optional extra `otel`: imported at run time only with t
     from torpor.streams.tracing import Tracing
 
 log = logging.getLogger(__name__)
-
-_OnDelivery = Callable[[KafkaError | None, Message], None]
 
 # How long one wait for the outbox may last (on the waiter thread: the tools' tasks run
 # meanwhile, and a dispatch is taken as soon as it comes); bounds the stop latency.
@@ -179,8 +184,8 @@ class ConnectorRuntime:
         self.idle_since: float | None = None
         self.handled = 0
         # Answers whose delivery failed, to produce again: appended by the delivery report,
-        # produced by the loop (`_produce_again`), never from inside the report itself.
-        self._again: deque[tuple[SentRecord, _OnDelivery]] = deque()
+        # produced by the loop, never from inside the report (`clients.produce_again`).
+        self._again: deque[tuple[SentRecord, OnDelivery]] = deque()
 
     # --- producing ---------------------------------------------------------------------
 
@@ -201,7 +206,7 @@ class ConnectorRuntime:
             except BufferError:
                 self._producer.poll(0.05)
 
-    def _delivered_callback(self, request_id: str) -> _OnDelivery:
+    def _delivered_callback(self, request_id: str) -> OnDelivery:
         def delivered(error: KafkaError | None, message: Message) -> None:
             if error is None:
                 self._intake.delivered(request_id)
@@ -217,21 +222,6 @@ class ConnectorRuntime:
             else:  # stays `done`: re-sent at the next start
                 log.warning("answer not delivered: %s", error, extra={"message_id": request_id})
         return delivered
-
-    def _produce_again(self) -> None:
-        """Produce the answers whose delivery failed (queued by their reports). Not from inside
-        a report: confluent-kafka's client aborts the process when a call that serves
-        callbacks (`poll`, `flush`) runs inside one it is serving, and a full queue cannot
-        make room while the report that wants it runs. A full queue leaves the rest queued."""
-        while self._again:
-            record, on_delivery = self._again[0]
-            try:
-                self._producer.produce(record.topic, value=record.value, key=record.key,
-                                       partition=record.partition, on_delivery=on_delivery,
-                                       headers=record.headers)
-            except BufferError:
-                return
-            self._again.popleft()
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -279,7 +269,7 @@ class ConnectorRuntime:
                     if message.error() is None and partition is not None and offset is not None:
                         self._offsets.taken(partition, offset)
                 self._producer.poll(0)
-                self._produce_again()
+                produce_again(self._producer, self._again)
                 if self._observer is not None:
                     self._observer.running(self.connector.busy)
                 self._offsets.commit_due()
@@ -301,7 +291,7 @@ class ConnectorRuntime:
             self._waiter.shutdown(wait=True)  # a wait cut short by a cancel: the consumer is ours again
             # Running effects stay `dispatched` in the journal: the next start reconciles them.
             await self.connector.close()
-            self._produce_again()
+            produce_again(self._producer, self._again)
             if self._producer.flush(FLUSH_SECONDS) > 0 or self._again:
                 log.warning("some answers were not delivered before the stop: re-sent at the next start")
             self._offsets.commit_now(FLUSH_SECONDS)

@@ -64,7 +64,16 @@ from torpor.schemas.codec import Codec
 from torpor.schemas.errors import ConfigError, DecodeError
 from torpor.schemas.records import Input, ThreadConfig, ThreadEvent
 from torpor.schemas.signer import Signer
-from torpor.streams.clients import Headers, SentRecord, make_admin, make_consumer, make_producer, sent_record
+from torpor.streams.clients import (
+    Headers,
+    OnDelivery,
+    SentRecord,
+    make_admin,
+    make_consumer,
+    make_producer,
+    produce_again,
+    sent_record,
+)
 from torpor.streams.config import Settings, producer_config
 from torpor.streams.errors import is_transient_delivery_error
 from torpor.streams.loop import CheckpointLoop, LoopSettings
@@ -198,14 +207,15 @@ class KafkaStageSink:
     """`StageSink` over a plain producer: live events to `events`, completions to `inputs`.
 
     A completion librdkafka gave up on for a reason that passes (the broker away longer than
-    the delivery timeout: `errors.is_transient_delivery_error`) is sent again, the same bytes, until it is
-    delivered or the producer closes: a copy that did arrive meanwhile is a duplicate of the
-    same message id, which the fold absorbs. Before, the thread waited for the model until
-    its partition moved or the worker restarted. A purge (the producer closing) or a refusal
-    is logged, and the thread is asked again by the partition's next owner
-    (`ModelStage.resume`). Live deltas are not sent again: they are
-    ephemeral, and the turn's entry carries their text. `serve_reports` must be called
-    periodically (`StageThread.every`), sends or not, for the failed reports to be seen."""
+    the delivery timeout: `errors.is_transient_delivery_error`) is sent again, the same
+    bytes, until it is delivered or the producer closes: a copy that did arrive meanwhile is
+    a duplicate of the same message id, which the fold absorbs. Before, the thread waited
+    for the model until its partition moved or the worker restarted. A purge (the producer
+    closing) or a refusal is logged, and the thread is asked again by the partition's next
+    owner (`ModelStage.resume`). Live deltas are not sent again: they are ephemeral, and the
+    turn's entry carries their text. `serve_reports` must be called periodically
+    (`StageThread.every`), sends or not: the reports queue what to send again, and it sends
+    it (`clients.produce_again`)."""
 
     def __init__(self, producer: Producer, topics: TopicNames, inputs_partitions: int, codec: Codec,
                  signer: Signer | None = None) -> None:
@@ -216,7 +226,7 @@ class KafkaStageSink:
         self._partitions = inputs_partitions
         self._codec = codec
         self._sent = 0
-        self._again: deque[SentRecord] = deque()  # appended by reports, sent by `serve_reports`
+        self._again: deque[tuple[SentRecord, OnDelivery]] = deque()  # see `serve_reports`
 
     def publish_event(self, event: ThreadEvent) -> None:
         # Keyed by thread: the producer's murmur2 partitioner puts it where the thread's records go.
@@ -237,20 +247,9 @@ class KafkaStageSink:
 
     def serve_reports(self) -> None:
         """Serve the producer's delivery reports, then send again the completions whose
-        delivery failed. The report only queues them: confluent-kafka's client aborts the
-        process when one of its calls that serves callbacks (`poll`, `flush`, which `_send`
-        makes) runs inside a callback it is serving, and a full queue cannot make room
-        while the callback that wants it runs."""
+        delivery failed (queued by their reports: `clients.produce_again` says why)."""
         self._producer.poll(0)
-        while self._again:
-            record = self._again[0]
-            try:
-                self._producer.produce(record.topic, value=record.value, key=record.key,
-                                       partition=record.partition, headers=record.headers,
-                                       on_delivery=self._completion_delivered)
-            except BufferError:  # the queue is full: the next call tries again
-                return
-            self._again.popleft()
+        produce_again(self._producer, self._again)
 
     def _completion_delivered(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
@@ -260,7 +259,7 @@ class KafkaStageSink:
         again = sent_record(message)
         if is_transient_delivery_error(error) and again is not None:
             log.warning("a completion was not delivered: %s; sending it again", error, extra=where)
-            self._again.append(again)  # produced by `serve_reports`, never from inside this callback
+            self._again.append((again, self._completion_delivered))  # sent by `serve_reports`
             return
         log.warning("a completion was not delivered: %s; the thread waits until its partition moves or this "
                     "worker restarts, and is asked again then", error, extra=where)

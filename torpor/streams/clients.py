@@ -14,6 +14,7 @@ The clients returned are confluent-kafka's own: their calls can still raise
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
@@ -178,4 +179,26 @@ def sent_record(message: Message) -> SentRecord | None:
     found = message.headers()  # a traced record carries its trace context there
     headers: Headers = list(found.items()) if isinstance(found, dict) else found
     return SentRecord(topic, message.key() or b"", value, partition, headers)
+
+
+OnDelivery = Callable[[KafkaError | None, Message], None]
+"""A delivery report's callback, as `Producer.produce` takes it."""
+
+
+def produce_again(producer: Producer, queued: deque[tuple[SentRecord, OnDelivery]]) -> None:
+    """Produce the `queued` records in order (each with its callback), each dropped from the
+    queue once produced; a full producer queue (`BufferError`) leaves the rest for the next call.
+
+    For records a delivery report gave back to be sent again (`sent_record`): the report only
+    queues them, and this runs outside it. From inside a report, the `poll` or `flush` a full
+    queue needs makes confluent-kafka's client abort the process (it serves callbacks within a
+    callback it is serving), and the queue cannot make room while that report runs."""
+    while queued:
+        record, on_delivery = queued[0]
+        try:
+            producer.produce(record.topic, value=record.value, key=record.key, partition=record.partition,
+                             headers=record.headers, on_delivery=on_delivery)
+        except BufferError:
+            return
+        queued.popleft()
 
