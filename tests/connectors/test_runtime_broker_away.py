@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.connectors.test_runtime import _dispatch, _produce, _results, _serve
-from tests.faults.own_broker import OwnBroker
+from tests.faults.own_broker import OwnBroker, own_broker
 from tests.processors.test_processor import Deployment
 from torpor.connectors.functions import Call, tool
 from torpor.connectors.journal import EffectJournal, EffectState
@@ -26,6 +25,8 @@ from torpor.connectors.runtime import ConnectorRuntime
 from torpor.streams.admin import ensure_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
+
+__all__ = ["own_broker"]  # the fixture, shared
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -40,13 +41,6 @@ async def held(args: dict[str, Any], call: Call) -> str:
         while not RELEASE.is_set():
             await asyncio.sleep(0.05)
     return f"answered {call.request_id}"
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    broker = OwnBroker.start(tmp_path / "broker")
-    yield broker
-    broker.close()
 
 
 @pytest.mark.timeout(900)  # a broker's stop and restart happen inside the wait: each may take minutes here

@@ -10,26 +10,20 @@ from __future__ import annotations
 import re
 import signal
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.faults.own_broker import OwnBroker
+from tests.faults.own_broker import OwnBroker, own_broker
 from tests.processors.test_processor import TORPOR, Deployment, _conversation
 from tests.waiting import wait_until
+
+__all__ = ["own_broker"]  # the fixture, shared
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 UNREACHABLE = re.compile(r"broker at (\S+) unreachable since \d\d:\d\d:\d\d \(.+\); retrying")
 BACK = re.compile(r"broker at (\S+) reachable again after \d+s")
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    broker = OwnBroker.start(tmp_path / "broker")
-    yield broker
-    broker.close()
 
 
 def _logs(deployment: Deployment) -> str:

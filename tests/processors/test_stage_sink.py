@@ -14,7 +14,6 @@ import logging
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 from typing import Final
 
 import pytest
@@ -23,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from tests.conftest import TopicFactory, wait_for_leaders
-from tests.faults.own_broker import OwnBroker
+from tests.faults.own_broker import OwnBroker, own_broker
 from tests.waiting import wait_until
 from torpor.processors.processor import SERVE_REPORTS_EVERY, STAGE_LINGER_MS, KafkaStageSink
 from torpor.schemas.codec import default_codec
@@ -31,6 +30,8 @@ from torpor.schemas.records import Completion, Input, ThreadEvent, Usage
 from torpor.streams.clients import make_producer
 from torpor.streams.config import KafkaSettings, Settings
 from torpor.streams.topics import TopicNames
+
+__all__ = ["own_broker"]  # the fixture, shared
 
 pytestmark = pytest.mark.kafka
 
@@ -122,55 +123,51 @@ def test_a_completion_the_producer_gave_up_on_is_sent_again(
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a broker of its own, started, stopped and restarted: minutes on a loaded machine
 def test_a_completion_sent_while_the_broker_is_away_arrives_once_it_is_back(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    own_broker: OwnBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Before, librdkafka's give-up (`message.timeout.ms` after the broker went away) was only
     logged: the thread waited for the model until its partition moved or the worker restarted."""
-    broker = OwnBroker.start(tmp_path / "broker")
-    try:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 2})
-        inputs = f"test.inputs.{uuid.uuid4().hex[:8]}"
-        admin.create_topics([NewTopic(inputs, num_partitions=2, replication_factor=1)])[inputs].result(30)
-        wait_for_leaders(admin, inputs, 2)
-        topics = dataclasses.replace(TopicNames.for_prefix("unused."), inputs=inputs)
-        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap,
-                              librdkafka_overrides=(("message.timeout.ms", "2000"),))
-        producer = make_producer(Settings(kafka=kafka), linger_ms=STAGE_LINGER_MS)
-        sink = KafkaStageSink(producer, topics, 2, default_codec())
-        broker.stop()
-        with caplog.at_level(logging.WARNING, logger="torpor.processors.processor"):
-            sink.publish_completion(_completion("thread-away", "request-away"))
+    admin = AdminClient({"bootstrap.servers": own_broker.bootstrap, "log_level": 2})
+    inputs = f"test.inputs.{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(inputs, num_partitions=2, replication_factor=1)])[inputs].result(30)
+    wait_for_leaders(admin, inputs, 2)
+    topics = dataclasses.replace(TopicNames.for_prefix("unused."), inputs=inputs)
+    kafka = KafkaSettings(bootstrap_servers=own_broker.bootstrap,
+                          librdkafka_overrides=(("message.timeout.ms", "2000"),))
+    producer = make_producer(Settings(kafka=kafka), linger_ms=STAGE_LINGER_MS)
+    sink = KafkaStageSink(producer, topics, 2, default_codec())
+    own_broker.stop()
+    with caplog.at_level(logging.WARNING, logger="torpor.processors.processor"):
+        sink.publish_completion(_completion("thread-away", "request-away"))
 
-            def resent() -> bool:
-                sink.serve_reports()
-                return bool(_said(caplog, "sending it again"))
+        def resent() -> bool:
+            sink.serve_reports()
+            return bool(_said(caplog, "sending it again"))
 
-            wait_until(resent, timeout=60, message=lambda: f"the completion is sent again; {caplog.text}")
-            broker.restart(topic=inputs)
+        wait_until(resent, timeout=60, message=lambda: f"the completion is sent again; {caplog.text}")
+        own_broker.restart(topic=inputs)
 
-            def delivered() -> bool:
-                sink.serve_reports()
-                return len(producer) == 0
+        def delivered() -> bool:
+            sink.serve_reports()
+            return len(producer) == 0
 
-            wait_until(delivered, timeout=120, message=lambda: f"the completion is delivered; {caplog.text}")
-        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
-                             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                             "log_level": 2})
-        consumer.subscribe([inputs])
-        found: list[Input] = []
+        wait_until(delivered, timeout=120, message=lambda: f"the completion is delivered; {caplog.text}")
+    consumer = Consumer({"bootstrap.servers": own_broker.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                         "log_level": 2})
+    consumer.subscribe([inputs])
+    found: list[Input] = []
 
-        def read() -> bool:
-            for message in consumer.consume(10, timeout=1):
-                value = message.value()
-                if message.error() is None and value is not None:
-                    found.append(default_codec().decode(inputs, value, Input))
-            return bool(found)
+    def read() -> bool:
+        for message in consumer.consume(10, timeout=1):
+            value = message.value()
+            if message.error() is None and value is not None:
+                found.append(default_codec().decode(inputs, value, Input))
+        return bool(found)
 
-        wait_until(read, timeout=60, message="the completion is on the inputs topic")
-        consumer.close()
-        assert {(f.message_id, f.thread_id) for f in found} == {("request-away", "thread-away")}
-    finally:
-        broker.close()
+    wait_until(read, timeout=60, message="the completion is on the inputs topic")
+    consumer.close()
+    assert {(f.message_id, f.thread_id) for f in found} == {("request-away", "thread-away")}
 
 
 _FULL_QUEUE_AWAY: Final = """

@@ -265,7 +265,7 @@ class KafkaStageSink:
                     "worker restarts, and is asked again then", error, extra=where)
 
     def _send(self, topic: str, key: bytes, value: bytes, partition: int, headers: Headers,
-              on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
+              on_delivery: OnDelivery | None = None) -> None:
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
