@@ -124,7 +124,7 @@ class BenchModel:
         for chunk in CHUNKS:
             yield TextDelta(chunk)
         # Named as hosted providers name calls (`call_...`, `toolu_...`: letters, digits and
-        # `_`, unique per turn), so the stage keeps the id as it came (`stage.carried_calls`).
+        # `_`, unique per turn), so the stage keeps the id as it came (`callids.carried_calls`).
         calls = (ToolCall(f"call_{request.request_id[3:]}", TOOL, ARGUMENTS),) if wants_tool(request) else ()
         yield Finished((TextBlock("".join(CHUNKS)),), calls, ZERO, MODEL)
 

@@ -12,13 +12,16 @@ Contract.
 
 - `MODULES`: the modules compiled. They hold functions and plain classes over the
   records of `torpor.schemas.records` and `torpor.processors.fold.state`, which stay
-  Python classes (the fold's records use slot tricks, `torpor.schemas.frozen`, that a
-  compiled class does not have).
+  Python classes (they use slot tricks, `torpor.schemas.frozen`, that a compiled class
+  does not have, and their codecs read their fields' declared types, which a compiled
+  class does not keep: `str | None` becomes `type`), and the fold's own frozen records
+  that nothing decodes (`fold.facts`, `fold.effects`): native classes that write their
+  own `__init__` (`fold.effects` says why).
 - `build()` (`bin/compile`, and `bin/venv` when the build is missing or out of date):
   one at a time (a lock file); removes the manifest and every earlier extension, compiles
   `MODULES` in place (a stub `.so` beside each source, the code in one shared library at
   the checkout's root), then writes `MANIFEST`: the interpreter's tag, the SHA-256 of
-  every source the build depends on (`dependencies`: the 22 and every torpor module they
+  every source the build depends on (`dependencies`: the 24 and every torpor module they
   import, since mypyc copies imported constants and types into its C), and the size and
   time of every extension. Needs a C compiler, the Python headers and setuptools (all in
   the lock or on the machine); raises if the build fails.
@@ -61,6 +64,7 @@ MODULES: Final = (
     "torpor.processors.fold.children",
     "torpor.processors.fold.draft",
     "torpor.processors.fold.effects",
+    "torpor.processors.fold.facts",
     "torpor.processors.fold.forks",
     "torpor.processors.fold.history",
     "torpor.processors.fold.inbound",
@@ -68,6 +72,7 @@ MODULES: Final = (
     "torpor.processors.fold.receipts",
     "torpor.processors.fold.transitions",
     "torpor.processors.fold.verify",
+    "torpor.processors.models.callids",
     "torpor.processors.step",
     "torpor.processors.store.keys",
     "torpor.processors.store.kv",

@@ -25,8 +25,10 @@ from torpor.processors.fold.effects import (
     RememberInput,
     RequestCompletion,
     SpawnChild,
+    Transition,
 )
-from torpor.processors.fold.state import Facts, ThreadState, Transition
+from torpor.processors.fold.facts import Facts
+from torpor.processors.fold.state import ThreadState
 from torpor.processors.fold.transitions import fold
 from torpor.schemas.records import (
     VERIFIED,

@@ -20,8 +20,10 @@ from tests.processors.fold_scenarios import (
 )
 from torpor.processors.fold import builtins as b
 from torpor.processors.fold.calls import MAX_SLEEP_SECONDS
+from torpor.processors.fold.effects import EmitReceipt
+from torpor.processors.fold.facts import Facts
 from torpor.processors.fold.history import chain
-from torpor.processors.fold.state import GENESIS_HEAD, Facts, Status
+from torpor.processors.fold.state import GENESIS_HEAD, Status
 from torpor.processors.fold.transitions import BODY_TYPES, TRANSITIONS, fold, park_on_failure
 from torpor.schemas.codec import decode_value, encode_value
 from torpor.schemas.records import (
@@ -788,6 +790,19 @@ def test_receipts_carry_heads_versions_and_authority() -> None:
     second = world.reply("t", "hi")
     assert second.history_before == first.history_after and second.thread_version == 2
     assert world.state("t").head == chain(tuple(world.histories["t"]))
+
+
+def test_a_receipt_says_where_the_shell_read_its_input_and_nothing_else_depends_on_it() -> None:
+    world = started()
+    record = world.envelope("t", user("where"), "m-where", "user:alice")
+    state = world.states["t"]
+    here, nowhere = fold(state, record, Facts(partition=3, offset=41)), fold(state, record, Facts())
+    placed, unplaced = here.effects[-1], nowhere.effects[-1]
+    assert isinstance(placed, EmitReceipt) and isinstance(unplaced, EmitReceipt)
+    assert (placed.receipt.input_partition, placed.receipt.input_offset) == (3, 41)
+    assert (unplaced.receipt.input_partition, unplaced.receipt.input_offset) == (None, None)
+    assert dataclasses.replace(placed.receipt, input_partition=None, input_offset=None) == unplaced.receipt
+    assert here.state == nowhere.state and here.effects[:-1] == nowhere.effects[:-1]
 
 
 def test_create_thread_with_inherited_entries_renumbers_them_from_zero() -> None:

@@ -1,6 +1,6 @@
 """The ids a provider gives its tool calls: every call the model made can be answered.
 
-A provider's call ids are not trusted (`stage.carried_calls`): some servers send none or
+A provider's call ids are not trusted (`callids.carried_calls`): some servers send none or
 the same one for every call, or `call_0` at every turn; a broken or hostile one can send
 megabytes. These tests fold what the stage publishes and answer every dispatch as a
 connector would: the thread must get every answer and ask the model again, never wait for
@@ -22,8 +22,9 @@ from tests.processors.fold_scenarios import call, create, result
 from tests.processors.test_stage import FAST, Sink, envelope
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import Status
+from torpor.processors.models.callids import CARRIED_CALL_ID, carried_calls, held_call_ids
 from torpor.processors.models.provider import CompletionRequest, Finished, ModelInfo, ModelOutput
-from torpor.processors.models.stage import CARRIED_CALL_ID, ModelStage, carried_calls, held_call_ids
+from torpor.processors.models.stage import ModelStage
 from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store.kv import MemoryStore
 from torpor.processors.store.tables import load_state, read_entries

@@ -12,6 +12,7 @@ import pytest
 
 import torpor.processors.fold.authority
 import torpor.processors.fold.effects
+import torpor.processors.fold.facts
 import torpor.processors.fold.state
 import torpor.processors.models.provider
 import torpor.processors.models.stage
@@ -25,6 +26,7 @@ from torpor.schemas.frozen import fast_inits, original_init, slot_copier
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 
 MODULES = (torpor.schemas.records, torpor.processors.fold.state, torpor.processors.fold.effects,
+           torpor.processors.fold.facts,
            torpor.processors.fold.authority, torpor.processors.step, torpor.streams.log,
            torpor.processors.models.provider, torpor.processors.models.stage,
            torpor.schemas.codec, torpor.schemas.framing,

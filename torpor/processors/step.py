@@ -69,8 +69,10 @@ from torpor.processors.fold.effects import (
     RememberInput,
     RequestCompletion,
     SpawnChild,
+    Transition,
 )
-from torpor.processors.fold.state import GENESIS_HEAD, Facts, Status, ThreadState, Transition
+from torpor.processors.fold.facts import Facts
+from torpor.processors.fold.state import GENESIS_HEAD, Status, ThreadState
 from torpor.processors.fold.transitions import fold, park_on_failure, refuse_at_door, refuse_whole
 from torpor.processors.fold.verify import SourceVerifier, Verifier
 from torpor.processors.store import keys
@@ -91,7 +93,7 @@ from torpor.processors.store.tables import (
     with_sender,
 )
 from torpor.schemas.codec import encode_value
-from torpor.schemas.frozen import fast_inits, slot_copier
+from torpor.schemas.frozen import fast_inits
 from torpor.schemas.ids import id_problem
 from torpor.schemas.records import (
     DEFERRED,
@@ -325,6 +327,8 @@ def _fold_one(
                 provenance_reason=verdict.reason,
                 attempt=attempt,
                 default_config=default_config,
+                partition=record.partition,
+                offset=record.offset,
             )
             transition = fold(state, item, facts)
             _interpret(scratch, record, sender, state, transition, mark, seen_row, seen_read=True)
@@ -336,8 +340,7 @@ def _fold_one(
             continue
         if too_large is not None:  # its writes are dropped with `scratch`
             receipt = refuse_whole(state, item, facts, TOO_LARGE, too_large)
-            out.receipts.append(dataclasses.replace(receipt, input_partition=record.partition,
-                                                    input_offset=record.offset))
+            out.receipts.append(_placed(receipt, record.partition, record.offset))
             log.warning("input refused: %s", too_large, extra={**_where(record), "disposition": TOO_LARGE})
             return
         scratch.commit()
@@ -436,15 +439,28 @@ def _interpret(
     remember: bytes | None = None
     appended: list[HistoryEntry] = []
     for effect in transition.effects:
+        # The commonest kinds first: compiled, each `case` is an isinstance call (about
+        # thirty per input in the order of the effects' docstring).
         match effect:
             case AppendHistory(entry=entry, canonical=canonical):
                 rows.put(keys.history_key(thread_id, entry.seq), encode_entry(entry, canonical))
                 appended.append(entry)
                 if isinstance(entry.body, SummaryEntry):
                     rows.put(keys.summary_key(thread_id), keys.encode_seq(entry.seq))
+            case EmitEvent(event=event):
+                out.events.append(event)
             case RememberInput(message_id=message_id):
                 remember = keys.seen_key(thread_id, message_id)
                 known_seen = known_seen and message_id == record.input.message_id
+            case EmitReceipt(receipt=receipt):
+                out.receipts.append(_placed(receipt, record.partition, record.offset))
+            case RequestCompletion():
+                requested = effect
+                out.completions.append(effect)
+            case DispatchTool(dispatch=dispatch):
+                out.dispatches.append(dispatch)
+            case Loopback(input=loopback):
+                out.loopbacks.append(loopback)
             case SpawnChild():
                 out.loopbacks.append(_creation(rows, thread_id, effect))
             case ForkThread():
@@ -453,17 +469,6 @@ def _interpret(
                     out.too_large = made
                 else:
                     out.loopbacks.append(made)
-            case Loopback(input=loopback):
-                out.loopbacks.append(loopback)
-            case DispatchTool(dispatch=dispatch):
-                out.dispatches.append(dispatch)
-            case EmitEvent(event=event):
-                out.events.append(event)
-            case EmitReceipt(receipt=receipt):
-                out.receipts.append(_placed(receipt, record.partition, record.offset))
-            case RequestCompletion():
-                requested = effect
-                out.completions.append(effect)
             case _:
                 assert_never(effect)
     if not out.receipts:
@@ -492,19 +497,12 @@ def _hand_over_appended(thread_id: str, before: ThreadState | None, after: Threa
     out.appended.append(HistoryAppend(thread_id, first, tuple(appended), head_before, after.head))
 
 
-_copy_receipt: Final = slot_copier(Receipt)
-# `vars`, not `Receipt.__dict__`: a compiled module (torpor.native) cannot read the latter.
-_PARTITION: Final = vars(Receipt)["input_partition"]
-_OFFSET: Final = vars(Receipt)["input_offset"]
-
-
 def _placed(receipt: Receipt, partition: int | None, offset: int | None) -> Receipt:
-    """`receipt` with where its input was read: `dataclasses.replace` without re-running the
-    17-field `__init__` and its keyword handling. A new frozen value; the fold's receipt is untouched."""
-    copy = _copy_receipt(receipt)
-    _PARTITION.__set__(copy, partition)
-    _OFFSET.__set__(copy, offset)
-    return copy
+    """`receipt` with where its input was read. The fold's receipts say so already (`Facts`
+    carries the place): only one folded without it (`park_on_failure`) is copied."""
+    if receipt.input_partition == partition and receipt.input_offset == offset:
+        return receipt
+    return dataclasses.replace(receipt, input_partition=partition, input_offset=offset)
 
 
 def _delete_thread(rows: Overlay, thread_id: str) -> None:

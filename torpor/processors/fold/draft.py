@@ -36,8 +36,9 @@ from torpor.processors.fold.effects import (
     RequestCompletion,
     SpawnChild,
 )
+from torpor.processors.fold.facts import Facts
 from torpor.processors.fold.history import advance_bytes
-from torpor.processors.fold.state import Facts, ThreadState
+from torpor.processors.fold.state import ThreadState
 from torpor.schemas.codec import canonical_bytes
 from torpor.schemas.frozen import slot_copier
 from torpor.schemas.ids import derive_id, fork_creation_id
@@ -145,8 +146,8 @@ class Draft:
         `input_id` and `created_at` default to the current input's; a fork passes the
         source entry's own, so its chain repeats the source's."""
         when = self.now if created_at is None else created_at
-        entry = HistoryEntry(seq=self.state.history_len, created_at=when,
-                             input_id=input_id or self.current.message_id, body=body)
+        # By position (seq, created_at, input_id, body), as `emit` builds an event.
+        entry = HistoryEntry(self.state.history_len, when, input_id or self.current.message_id, body)
         canonical = canonical_bytes(entry)  # encoded once: the chain and the row share the bytes
         self.replace(history_len=self.state.history_len + 1, head=advance_bytes(self.state.head, canonical))
         self.effects.append(AppendHistory(entry, canonical))
@@ -156,10 +157,11 @@ class Draft:
 
     def emit(self, kind: str, entry: HistoryEntry | None = None, detail: str | None = None,
              data: object = None) -> None:
-        event = ThreadEvent(event_id=self.new_id("event", kind), thread_id=self.state.thread_id,
-                            created_at=self.now, kind=kind, ephemeral=False,
-                            seq=entry.seq if entry is not None else None, entry=entry, text=detail,
-                            data=json_text(data) if data is not None else None)
+        # By position (the fields' order: event_id, thread_id, created_at, kind, ephemeral,
+        # seq, entry, text, data), as `build_receipt` builds a receipt, and for its reason.
+        event = ThreadEvent(self.new_id("event", kind), self.state.thread_id, self.now, kind, False,
+                            entry.seq if entry is not None else None, entry, detail,
+                            json_text(data) if data is not None else None)
         self.effects.append(EmitEvent(event))
 
     def dispatch(self, call_id: str, tool: str, arguments: str, kind: str, request_id: str,

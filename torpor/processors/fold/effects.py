@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torpor.processors.fold.state import ThreadState
 from torpor.schemas.frozen import fast_inits
 from torpor.schemas.records import (
     ContentBlock,
@@ -180,6 +181,19 @@ Effect = (
     | RememberInput
     | EmitReceipt
 )
+
+@dataclass(frozen=True, slots=True, init=False)
+class Transition:
+    """The fold's answer: the new state (None: the thread does not exist or was deleted)
+    and the ordered effects, ending with exactly one `EmitReceipt`."""
+
+    state: ThreadState | None
+    effects: tuple[Effect, ...]
+
+    def __init__(self, state: ThreadState | None, effects: tuple[Effect, ...]) -> None:  # compiled only
+        self.state = state  # type: ignore[misc]
+        self.effects = effects  # type: ignore[misc]
+
 
 # Records are built several times per input: a faster __init__, same signature (frozen.py).
 # In the pure build this also replaces each `__init__` written for the compiled one (docstring).

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from torpor.processors.fold.state import GENESIS_HEAD, Facts, ThreadState
+from torpor.processors.fold.facts import Facts
+from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import Input, Receipt
 
@@ -20,25 +21,27 @@ def build_receipt(input: Input, facts: Facts, disposition: str, reason: str | No
                   tool_request_ids: tuple[str, ...] = (), turn_commit: bool = False) -> Receipt:
     """The receipt of `input`, folded from `before` to `after` with `disposition`.
 
-    `input_partition`/`input_offset` are left None: only the shell knows them.
+    `input_partition`/`input_offset` are where the shell read the input (`facts`).
     """
     shown = after if after is not None else before
+    # By position, in the field order (named in the comments): built for every input, and a
+    # call by keyword turns the 17 names into a dict and back on its way into `__init__`.
     return Receipt(
-        receipt_id=derive_id(input.message_id, "receipt", disposition, str(facts.attempt)),
-        thread_id=input.thread_id,
-        input_id=input.message_id,
-        input_partition=None,
-        input_offset=None,
-        created_at=input.created_at,
-        disposition=disposition,
-        reason=reason,
-        history_before=before.head if before is not None else GENESIS_HEAD,
-        history_after=after.head if after is not None else GENESIS_HEAD,
-        thread_version=shown.version if shown is not None else 0,
-        tool_request_ids=tool_request_ids,
-        authority_snapshot=shown.config.capability if shown is not None else None,
-        turn_commit=turn_commit,
-        provenance=facts.provenance,
-        retry_count=facts.attempt,
-        runtime_build=RUNTIME_BUILD,
+        derive_id(input.message_id, "receipt", disposition, str(facts.attempt)),  # receipt_id
+        input.thread_id,  # thread_id
+        input.message_id,  # input_id
+        facts.partition,  # input_partition
+        facts.offset,  # input_offset
+        input.created_at,  # created_at
+        disposition,  # disposition
+        reason,  # reason
+        before.head if before is not None else GENESIS_HEAD,  # history_before
+        after.head if after is not None else GENESIS_HEAD,  # history_after
+        shown.version if shown is not None else 0,  # thread_version
+        tool_request_ids,  # tool_request_ids
+        shown.config.capability if shown is not None else None,  # authority_snapshot
+        turn_commit,  # turn_commit
+        facts.provenance,  # provenance
+        facts.attempt,  # retry_count
+        RUNTIME_BUILD,  # runtime_build
     )

@@ -1,4 +1,8 @@
-"""The fold's values: a thread's state, the facts the shell looked up, and a transition.
+"""The fold's values: a thread's state and the small records it holds.
+
+(`Facts`, what the shell looked up, live in `facts.py`; the `Transition` in `effects.py`:
+both compiled, torpor.native. These stay Python classes: the state codec reads their
+fields' declared types, which a compiled class does not keep.)
 
 `ThreadState` is the one small record the processor keeps per thread (besides its
 history rows). It is a frozen value: `fold` never mutates it, it returns a new one
@@ -20,9 +24,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from torpor.processors.fold.effects import Effect
 from torpor.schemas.frozen import fast_inits
-from torpor.schemas.records import VERIFIED, Input, ThreadConfig
+from torpor.schemas.records import Input, ThreadConfig
 
 GENESIS_HEAD: Final = "0" * 64
 """The hash-chain head of an empty history (32 zero bytes, hex)."""
@@ -161,33 +164,6 @@ def with_answered(answered: tuple[str, ...], call_id: str) -> tuple[str, ...]:
     """`answered` with `call_id` added, the oldest dropped past `ANSWERED_KEPT`."""
     return (*answered[-(ANSWERED_KEPT - 1):], call_id)
 
-
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """What the shell looked up before folding an input.
-
-    `seen`: the message id was already remembered for this thread. `provenance`: the
-    verifier's verdict (`verified`, `unsigned`, `forged`, `expired`, `unbound`,
-    `invalid`) and `provenance_reason` the rule that decided it, for the receipt.
-    `attempt`: how many times this input was tried before (0 the first time).
-    `default_config`: the config a first `UserMessage` may create an unknown thread with
-    (only if its `allow_implicit_create` is true).
-    """
-
-    seen: bool = False
-    provenance: str = VERIFIED
-    provenance_reason: str | None = None
-    attempt: int = 0
-    default_config: ThreadConfig | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """The fold's answer: the new state (None: the thread does not exist or was deleted)
-    and the ordered effects, ending with exactly one `EmitReceipt`."""
-
-    state: ThreadState | None
-    effects: tuple[Effect, ...]
 
 # Records are built several times per input: a faster __init__, same signature (frozen.py).
 fast_inits(__name__)

@@ -78,7 +78,8 @@ from torpor.processors.fold.children import (
     TERMINAL_REPORTS,
 )
 from torpor.processors.fold.draft import Draft
-from torpor.processors.fold.effects import Effect, EmitReceipt, RememberInput
+from torpor.processors.fold.effects import Effect, EmitReceipt, RememberInput, Transition
+from torpor.processors.fold.facts import Facts
 from torpor.processors.fold.forks import FORK, fork_problem, on_create_fork, on_fork
 from torpor.processors.fold.inbound import (
     on_approval_decision,
@@ -103,13 +104,7 @@ from torpor.processors.fold.pending import (
     stop_children,
 )
 from torpor.processors.fold.receipts import build_receipt
-from torpor.processors.fold.state import (
-    GENESIS_HEAD,
-    Facts,
-    Status,
-    ThreadState,
-    Transition,
-)
+from torpor.processors.fold.state import GENESIS_HEAD, Status, ThreadState
 from torpor.schemas.ids import PREFIX as DERIVED_PREFIX
 from torpor.schemas.jsontext import tool_spec_problem
 from torpor.schemas.records import (
@@ -348,8 +343,8 @@ def on_completion(draft: Draft) -> str:
         draft.replace(owes_turn=True)  # unpark asks the model again
         _park(draft, draft.reason)
         return PARKED
-    entry = draft.append(AssistantEntry(content=body.content, tool_calls=body.tool_calls, model=body.model,
-                                        usage=body.usage))
+    # By position (content, tool_calls, model, usage): one per completion (`Draft.emit` says why).
+    entry = draft.append(AssistantEntry(body.content, body.tool_calls, body.model, body.usage))
     draft.turn_commit = True
     draft.replace(turns=state.turns + 1, last_total_tokens=body.usage.total_tokens, owes_turn=False,
                   pending_turn_seq=entry.seq)

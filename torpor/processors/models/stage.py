@@ -15,7 +15,7 @@ request has committed. The stage then, off the fold's path:
 3. publishes the finished turn as a `Completion` input, `message_id == request_id`,
    source `processor`, so a second copy (a re-issue after a crash) is a duplicate. Its
    tool calls carry ids the fold can bind a result to and any provider can be sent back
-   (`carried_calls`): a provider's id that is not of `CARRIED_CALL_ID` (empty, over 40
+   (`callids.carried_calls`): a provider's id that is not of `CARRIED_CALL_ID` (empty, over 40
    characters, characters other than letters, digits, `_` and `-`), or that another call
    of the turn, a call the thread holds or its history already has, is replaced by one
    derived from the request id.
@@ -42,16 +42,15 @@ import dataclasses
 import functools
 import json
 import logging
-import re
 import time
-from collections.abc import Callable, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 from torpor.processors.fold.builtins import BUILTIN_TOOLS
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.state import Status, ThreadState
+from torpor.processors.models.callids import carried_calls, held_call_ids
 from torpor.processors.models.deltas import Deltas, DeltaWindows
 from torpor.processors.models.provider import (
     CompletionRequest,
@@ -68,15 +67,10 @@ from torpor.schemas.codec import encode_value
 from torpor.schemas.frozen import fast_inits
 from torpor.schemas.ids import derive_id
 from torpor.schemas.records import (
-    AssistantEntry,
     Completion,
     CompletionError,
-    EventEntry,
-    HistoryEntry,
     Input,
     ThreadEvent,
-    ToolCall,
-    ToolResultEntry,
     Usage,
 )
 from torpor.streams.config import MAX_INPUT_BYTES_CEILING
@@ -333,113 +327,42 @@ class ModelStage:
     def _event(
         self, request: CompletionRequest, kind: str, label: str, text: str | None, data: str | None
     ) -> ThreadEvent:
+        # The records of every completion are built by position, in their fields' order (named
+        # in the comments): by keyword, the names go into a dict and back out on their way
+        # into `__init__` (a class is called through `tp_call`), about half its cost.
         return ThreadEvent(
-            event_id=derive_id(request.request_id, kind, label),
-            thread_id=request.thread_id,
-            created_at=self._clock(),
-            kind=kind,
-            ephemeral=True,
-            seq=None,
-            entry=None,
-            text=text,
-            data=data,
+            derive_id(request.request_id, kind, label),  # event_id
+            request.thread_id,  # thread_id
+            self._clock(),  # created_at
+            kind,  # kind
+            True,  # ephemeral
+            None,  # seq
+            None,  # entry
+            text,  # text
+            data,  # data
         )
 
     def _completion(
         self, request: CompletionRequest, finished: Finished | None, error: CompletionError | None
     ) -> Input:
-        body = Completion(
-            request_id=request.request_id,
-            content=finished.content if finished else (),
-            tool_calls=finished.tool_calls if finished else (),
-            usage=finished.usage if finished else Usage(0, 0, 0),
-            model=finished.model if finished else request.model,
-            error=error,
+        body = Completion(  # by position (`_event` says why)
+            request.request_id,  # request_id
+            finished.content if finished else (),  # content
+            finished.tool_calls if finished else (),  # tool_calls
+            finished.usage if finished else Usage(0, 0, 0),  # usage
+            finished.model if finished else request.model,  # model
+            error,  # error
         )
         return Input(
-            message_id=request.request_id,
-            thread_id=request.thread_id,
-            created_at=self._clock(),
-            source=SOURCE,
-            expires_at=None,
-            key_id=None,
-            signature=None,
-            body=body,
+            request.request_id,  # message_id
+            request.thread_id,  # thread_id
+            self._clock(),  # created_at
+            SOURCE,  # source
+            None,  # expires_at
+            None,  # key_id
+            None,  # signature
+            body,  # body
         )
-
-
-CARRIED_CALL_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,40}")
-"""A provider's call id kept as it came: what every provider adapter can send back in the
-thread's history, whichever provider the thread is moved to later (Anthropic and Bedrock
-take `[a-zA-Z0-9_-]+`, Bedrock up to 64 characters, OpenAI up to 40), and a wire id.
-`derive_id`'s ids (`tp_` and 32 hex digits) are of it."""
-
-
-def held_call_ids(state: ThreadState, history: Sequence[HistoryEntry]) -> set[str]:
-    """The call ids a new call of `state`'s thread may not take (`carried_calls`).
-
-    The fold looks calls up by their ids: the thread's pending calls, its subscriptions, the
-    answered calls it remembers, its children's spawn calls and the call that spawned it.
-    And a provider refuses a request whose history repeats a call id (Anthropic: "tool_use
-    ids must be unique"): every id in `history`, what the provider is sent, among them the
-    calls a child or a fork inherited, which the thread never answered itself."""
-    held = set(state.answered_calls)
-    add = held.add
-    for pending in state.pending_calls:
-        add(pending.call_id)
-    for subscription in state.subscriptions:
-        add(subscription.call_id)
-    for child in state.children:
-        add(child.spawn_call_id)
-    if state.config.parent is not None:
-        add(state.config.parent.spawn_call_id)
-    # Run at every completion with calls, over the whole visible history: exact types and
-    # plain loops (an `isinstance` of a union and a generator per entry cost four times this).
-    for entry in history:
-        body = entry.body
-        kind = type(body)
-        if kind is AssistantEntry:
-            for call in body.tool_calls:  # type: ignore[union-attr]
-                add(call.call_id)
-        elif kind is ToolResultEntry or kind is EventEntry:
-            add(body.call_id)  # type: ignore[union-attr]
-    return held
-
-
-def carried_calls(request_id: str, calls: tuple[ToolCall, ...], taken: AbstractSet[str],
-                  ) -> tuple[ToolCall, ...]:
-    """`calls` with ids the fold can bind a result to and every provider can be sent: each of
-    `CARRIED_CALL_ID`, unique in the turn and not one of `taken` (`held_call_ids`). A call
-    whose id breaks that gets `derive_id(request_id, "call", index)` instead, as the scripted
-    model names its calls.
-
-    Why here: the provider is not trusted to name calls well. Some servers send no id or the
-    same one for every call, or reuse `call_0` each turn; a broken or hostile one can send an
-    id of megabytes. Two calls of one id got one dispatch request id (it is derived from the
-    call id), so the connector's journal ran only the first call's effect, and its one result
-    ended both calls: the second call was lost without a word. Answered ids are remembered in the
-    thread's rows, so huge ones grew the answered row past a row's bound, and from then on
-    every result was refused as too large and the thread waited for good. A provider's id
-    another provider refuses (`functions.search:0`) broke the thread once moved to it. The
-    model sees the new id in the history it is sent, on the call and on its result alike, so
-    the conversation stays consistent for any provider.
-    """
-    seen = set(taken)
-    carried: list[ToolCall] = []
-    renamed = False
-    for index, call in enumerate(calls):
-        call_id = call.call_id
-        if call_id in seen or CARRIED_CALL_ID.fullmatch(call_id) is None:
-            call_id = derive_id(request_id, "call", str(index))
-            again = 0
-            while call_id in seen:  # the provider named an earlier call as this one is derived
-                again += 1
-                call_id = derive_id(request_id, "call", str(index), str(again))
-            call = ToolCall(call_id, call.name, call.arguments)
-            renamed = True
-        seen.add(call_id)
-        carried.append(call)
-    return tuple(carried) if renamed else calls
 
 
 def _size_problem(finished: Finished, completion: Input) -> str | None:
