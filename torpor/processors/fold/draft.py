@@ -23,7 +23,6 @@ label and a counter, so a replay mints the same ids.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Final
 
 from torpor.processors.fold.effects import (
@@ -40,7 +39,6 @@ from torpor.processors.fold.facts import Facts
 from torpor.processors.fold.history import advance_bytes
 from torpor.processors.fold.state import ThreadState
 from torpor.schemas.codec import canonical_bytes
-from torpor.schemas.frozen import slot_copier
 from torpor.schemas.ids import derive_id, fork_creation_id
 from torpor.schemas.records import (
     ContentBlock,
@@ -59,12 +57,20 @@ from torpor.schemas.sortedjson import sorted_json
 PROCESSOR_SOURCE = "processor"
 
 
-# A field-for-field copy of a state for one draft to change in place (module docstring),
-# and each field's slot setter, to change it there (`vars`: this module may be compiled,
-# torpor.native, and a compiled module cannot read a class's `__dict__` attribute).
-_own_copy: Final = slot_copier(ThreadState)
-_SET_FIELD: Final[dict[str, Callable[[ThreadState, object], None]]] = {
-    f.name: vars(ThreadState)[f.name].__set__ for f in dataclasses.fields(ThreadState)}
+_STATE_FIELDS: Final = tuple(f.name for f in dataclasses.fields(ThreadState))
+
+
+def _own_copy(state: ThreadState) -> ThreadState:
+    """A field-for-field copy of `state` for one draft to change in place (module docstring).
+
+    Fields are set with `object.__setattr__`, which steps around the frozen class's own
+    `__setattr__`; compiled (torpor.native), that call is one C call to the generic setter,
+    cheaper than a slot's `__set__` through the interpreter's call machinery. (Run as
+    Python it is the slower of the two: the compiled core is what is measured.)"""
+    copy: ThreadState = object.__new__(ThreadState)
+    for name in _STATE_FIELDS:
+        object.__setattr__(copy, name, getattr(state, name))
+    return copy
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
@@ -123,7 +129,7 @@ class Draft:
         """Change fields of the draft's own state in place (module docstring); return it."""
         state = self.state
         for name, value in changes.items():
-            _SET_FIELD[name](state, value)  # the slot's own setter: object.__setattr__ cost more
+            object.__setattr__(state, name, value)  # frozen to everyone else: `_own_copy` says why
         self._touched.update(changes)
         return state
 
