@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from tests.processors.fold_scenarios import (
     FETCH,
     SEARCH,
@@ -20,7 +22,7 @@ from tests.processors.fold_scenarios import (
 )
 from torpor.processors.fold import builtins as b
 from torpor.processors.fold.calls import MAX_SLEEP_SECONDS
-from torpor.processors.fold.effects import EmitReceipt
+from torpor.processors.fold.effects import EmitEvent, EmitReceipt
 from torpor.processors.fold.facts import Facts
 from torpor.processors.fold.history import chain
 from torpor.processors.fold.state import GENESIS_HEAD, Status
@@ -803,6 +805,27 @@ def test_a_receipt_says_where_the_shell_read_its_input_and_nothing_else_depends_
     assert (unplaced.receipt.input_partition, unplaced.receipt.input_offset) == (None, None)
     assert dataclasses.replace(placed.receipt, input_partition=None, input_offset=None) == unplaced.receipt
     assert here.state == nowhere.state and here.effects[:-1] == nowhere.effects[:-1]
+
+
+def test_the_receipts_and_events_the_fold_builds_field_by_field_are_whole_frozen_records() -> None:
+    world = started()
+    world.reply("t", "hi")
+    built: list[object] = []
+    for transition in world.transitions:
+        for effect in transition.effects:
+            if isinstance(effect, EmitReceipt):
+                built.append(effect.receipt)
+            elif isinstance(effect, EmitEvent):
+                built.append(effect.event)
+    assert {type(value).__name__ for value in built} == {"Receipt", "ThreadEvent"}
+    for value in built:
+        cls = type(value)
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        again = cls(**fields)
+        assert again == value and hash(again) == hash(value)
+        assert decode_value(encode_value(value), cls) == value
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            value.thread_id = "other"  # type: ignore[attr-defined]
 
 
 def test_create_thread_with_inherited_entries_renumbers_them_from_zero() -> None:

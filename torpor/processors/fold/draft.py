@@ -82,6 +82,27 @@ def json_text(value: object) -> str:
     return _json_text(value)
 
 
+def _event(event_id: str, thread_id: str, created_at: int, kind: str, entry: HistoryEntry | None,
+           text: str | None, data: str | None) -> ThreadEvent:
+    """A fold's event (not ephemeral), every field set without `ThreadEvent.__init__`, as
+    `receipts.build_receipt` builds a receipt and for its reason: several per input.
+
+    A function of the module, not a method: inside a method of a compiled class, mypyc
+    turns `object.__setattr__(x, "name", v)` into a store into that class's own attribute
+    `name` when it has one, whatever `x` is."""
+    event: ThreadEvent = object.__new__(ThreadEvent)
+    object.__setattr__(event, "event_id", event_id)
+    object.__setattr__(event, "thread_id", thread_id)
+    object.__setattr__(event, "created_at", created_at)
+    object.__setattr__(event, "kind", kind)
+    object.__setattr__(event, "ephemeral", False)
+    object.__setattr__(event, "seq", entry.seq if entry is not None else None)
+    object.__setattr__(event, "entry", entry)
+    object.__setattr__(event, "text", text)
+    object.__setattr__(event, "data", data)
+    return event
+
+
 def text(value: str) -> tuple[ContentBlock, ...]:
     return (TextBlock(value),)
 
@@ -163,11 +184,8 @@ class Draft:
 
     def emit(self, kind: str, entry: HistoryEntry | None = None, detail: str | None = None,
              data: object = None) -> None:
-        # By position (the fields' order: event_id, thread_id, created_at, kind, ephemeral,
-        # seq, entry, text, data), as `build_receipt` builds a receipt, and for its reason.
-        event = ThreadEvent(self.new_id("event", kind), self.state.thread_id, self.now, kind, False,
-                            entry.seq if entry is not None else None, entry, detail,
-                            json_text(data) if data is not None else None)
+        event = _event(self.new_id("event", kind), self.state.thread_id, self.now, kind, entry, detail,
+                       json_text(data) if data is not None else None)
         self.effects.append(EmitEvent(event))
 
     def dispatch(self, call_id: str, tool: str, arguments: str, kind: str, request_id: str,
