@@ -182,6 +182,7 @@ Effect = (
     | EmitReceipt
 )
 
+
 @dataclass(frozen=True, slots=True, init=False)
 class Transition:
     """The fold's answer: the new state (None: the thread does not exist or was deleted)
