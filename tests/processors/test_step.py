@@ -119,6 +119,7 @@ def test_a_fold_that_keeps_raising_is_retried_then_parked(monkeypatch: pytest.Mo
     assert calls == [0, 1, 2]
     assert [r.disposition for r in out.receipts] == ["parked", "parked"]
     assert out.receipts[0].retry_count == 3 and "boom" in (out.receipts[0].reason or "")
+    assert [(r.input_partition, r.input_offset) for r in out.receipts] == [(0, 1), (0, 2)]
     assert [p.record.input.message_id for p in out.parked] == ["m-poison"]
     state = load_state(store, "t1")
     assert state is not None and state.status is Status.PARKED

@@ -51,7 +51,6 @@ when a key ring is configured.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import logging
@@ -296,9 +295,7 @@ def _shown(value: str | bytes) -> str:
 
 def _refuse(record: StepRecord, disposition: str, detail: str, out: _Collected) -> None:
     """One receipt for `record`, built without its thread's state; nothing else."""
-    receipt = refuse_at_door(record.input, disposition, detail)
-    out.receipts.append(dataclasses.replace(receipt, input_partition=record.partition,
-                                            input_offset=record.offset))
+    out.receipts.append(refuse_at_door(record.input, disposition, detail, record.partition, record.offset))
     log.warning("input refused without folding: %s", detail, extra={
         "partition": record.partition, "offset": record.offset, "disposition": disposition})
 
@@ -340,7 +337,7 @@ def _fold_one(
             continue
         if too_large is not None:  # its writes are dropped with `scratch`
             receipt = refuse_whole(state, item, facts, TOO_LARGE, too_large)
-            out.receipts.append(_placed(receipt, record.partition, record.offset))
+            out.receipts.append(receipt)
             log.warning("input refused: %s", too_large, extra={**_where(record), "disposition": TOO_LARGE})
             return
         scratch.commit()
@@ -354,7 +351,7 @@ def _fold_one(
     mark = _Collected()
     try:
         state = load_state(scratch, item.thread_id, writer=True)
-        transition = park_on_failure(state, item, error, max_attempts)
+        transition = park_on_failure(state, item, error, max_attempts, record.partition, record.offset)
         _interpret(scratch, record, sender, state, transition, mark)
     except Exception as exc:  # not even parking works: a receipt without the state, and go on
         log.error("parking the thread failed too: %s: %s", type(exc).__name__, exc,
@@ -453,7 +450,7 @@ def _interpret(
                 remember = keys.seen_key(thread_id, message_id)
                 known_seen = known_seen and message_id == record.input.message_id
             case EmitReceipt(receipt=receipt):
-                out.receipts.append(_placed(receipt, record.partition, record.offset))
+                out.receipts.append(receipt)  # placed by the fold: `Facts` carried the place
             case RequestCompletion():
                 requested = effect
                 out.completions.append(effect)
@@ -495,14 +492,6 @@ def _hand_over_appended(thread_id: str, before: ThreadState | None, after: Threa
     else:
         return
     out.appended.append(HistoryAppend(thread_id, first, tuple(appended), head_before, after.head))
-
-
-def _placed(receipt: Receipt, partition: int | None, offset: int | None) -> Receipt:
-    """`receipt` with where its input was read. The fold's receipts say so already (`Facts`
-    carries the place): only one folded without it (`park_on_failure`) is copied."""
-    if receipt.input_partition == partition and receipt.input_offset == offset:
-        return receipt
-    return dataclasses.replace(receipt, input_partition=partition, input_offset=offset)
 
 
 def _delete_thread(rows: Overlay, thread_id: str) -> None:

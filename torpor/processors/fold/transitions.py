@@ -163,13 +163,15 @@ def fold(state: ThreadState | None, input: Input, facts: Facts) -> Transition:
     return _finish(draft, state, _run_row(draft))
 
 
-def park_on_failure(state: ThreadState | None, input: Input, reason: str, attempts: int) -> Transition:
+def park_on_failure(state: ThreadState | None, input: Input, reason: str, attempts: int,
+                    partition: int | None = None, offset: int | None = None) -> Transition:
     """Park the thread because folding (or processing) `input` failed `attempts` times.
 
     The shell calls this instead of retrying forever; the input itself goes to the
-    `parked` topic. The receipt is `parked` with the reason.
+    `parked` topic. The receipt is `parked` with the reason, and says where the input was
+    read (`partition`, `offset`: `Facts`).
     """
-    facts = Facts(attempt=attempts)
+    facts = Facts(attempt=attempts, partition=partition, offset=offset)
     why = f"failed after {attempts} attempts: {reason}"
     if state is None:
         return _receipt_only(None, input, facts, PARKED, why, remember=True)
@@ -179,13 +181,16 @@ def park_on_failure(state: ThreadState | None, input: Input, reason: str, attemp
     return _finish(draft, state, PARKED)
 
 
-def refuse_at_door(input: Input, disposition: str, reason: str) -> Receipt:
-    """The receipt of an input refused before its thread was looked up (provenance `unchecked`).
+def refuse_at_door(input: Input, disposition: str, reason: str, partition: int | None = None,
+                   offset: int | None = None) -> Receipt:
+    """The receipt of an input refused before its thread was looked up (provenance `unchecked`),
+    read at `partition` and `offset` (`Facts`).
 
     The shell's door (`step.door_problem`: ids, record key, partition) and its last
     resort when even parking failed. Nothing else happens: no state, nothing remembered.
     """
-    return build_receipt(input, Facts(provenance=UNCHECKED), disposition, reason, None, None)
+    facts = Facts(provenance=UNCHECKED, partition=partition, offset=offset)
+    return build_receipt(input, facts, disposition, reason, None, None)
 
 
 def refuse_whole(state: ThreadState | None, input: Input, facts: Facts, disposition: str,
