@@ -22,7 +22,7 @@ import torpor.schemas.framing
 import torpor.schemas.records
 import torpor.streams.log
 import torpor.streams.task
-from torpor.schemas.frozen import fast_inits, original_init, slot_copier
+from torpor.schemas.frozen import fast_inits, original_init
 from torpor.schemas.records import HistoryEntry, TextBlock, UserEntry
 
 MODULES = (torpor.schemas.records, torpor.processors.fold.state, torpor.processors.fold.effects,
@@ -176,18 +176,3 @@ def test_records_built_by_the_fast_init_replace_compare_hash_and_pickle_as_befor
     assert pickle.loads(pickle.dumps(entry)) == entry
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.seq = 5  # type: ignore[misc]
-
-
-def test_slot_copier_copies_every_field_into_a_new_value() -> None:
-    copy_entry = slot_copier(HistoryEntry)
-    entry = HistoryEntry(seq=3, created_at=1, input_id="m", body=UserEntry((TextBlock("hi"),), False))
-    copy = copy_entry(entry)
-    assert copy == entry and copy is not entry and type(copy) is HistoryEntry
-    assert all(getattr(copy, f.name) is getattr(entry, f.name) for f in dataclasses.fields(HistoryEntry))
-
-    @dataclasses.dataclass(frozen=True)
-    class Unslotted:
-        a: int
-
-    with pytest.raises(TypeError, match="not a slot"):
-        slot_copier(Unslotted)

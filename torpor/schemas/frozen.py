@@ -22,8 +22,6 @@ A frozen class of a compiled module may write its own `__init__` of plain attrib
 the frozen `__setattr__`, so its `__init__` is replaced like a generated one. It must take
 exactly the fields, with the fields' defaults: `fast_inits` raises `TypeError` otherwise,
 at import, rather than build a different record.
-
-`slot_copier(cls)`: the same trick for a field-by-field copy of a slotted record.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import dataclasses
 import inspect
 import sys
 import types
-import typing
 from collections.abc import Callable
 from typing import Final, TypeVar
 
@@ -49,28 +46,6 @@ def fast_inits(module_name: str) -> tuple[type, ...]:
             _install(value)
             changed.append(value)
     return tuple(changed)
-
-
-def slot_copier(cls: type[T]) -> Callable[[T], T]:
-    """A function that copies a `cls` value field by field into a new instance, without
-    `__init__`: for a caller that then sets a few slots of the copy before anyone else sees
-    it (`Draft`'s own state, a receipt placed at its offset). Written out once per call of
-    this function; a loop over the slots cost three times as much."""
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    namespace: dict[str, object] = {"_new": object.__new__, "_cls": cls}
-    lines = ["def copy(value):", "    made = _new(_cls)"]
-    for index, name in enumerate(names):
-        slot = cls.__dict__.get(name)
-        if not isinstance(slot, types.MemberDescriptorType):
-            raise TypeError(f"{cls.__name__}.{name} is not a slot: slot_copier needs slots=True")
-        namespace[f"_set{index}"] = slot.__set__
-        lines.append(f"    _set{index}(made, value.{name})")
-    lines.append("    return made")
-    exec("\n".join(lines) + "\n", namespace)  # source built from field names only
-    copy = namespace["copy"]
-    assert isinstance(copy, types.FunctionType)
-    copy.__qualname__ = copy.__name__ = f"copy_{cls.__name__}"
-    return typing.cast(Callable[[T], T], copy)
 
 
 def original_init(cls: type) -> Callable[..., None]:
