@@ -10,6 +10,9 @@
 `topic_factory(partitions=1, config=None)` creates a uniquely named topic, waits until
 it has a leader on every partition, and deletes it after the test.
 
+`own_broker` is a broker of the test's own (`tests.faults.own_broker`), in its temp
+directory, closed after it: for a test that stops and restarts its broker.
+
 A test marked `pure_only` replaces a module-level function of the compiled core
 (`torpor.native.MODULES`), which compiled callers do not see: it is skipped while the
 compiled core is in use, and `bin/test` runs it in its pure pass (`TORPOR_PURE=1`).
@@ -28,6 +31,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Final, Protocol
 
 import pytest
@@ -36,6 +40,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import TopicMetadata  # not re-exported for a type checker
 from confluent_kafka.cimpl import NewTopic
 
+from tests.faults.own_broker import OwnBroker
 from tests.waiting import wait_until
 from torpor import native
 from torpor.cli.workers import WORKERS_ENV
@@ -157,3 +162,11 @@ def topic_factory(admin: AdminClient, request: pytest.FixtureRequest) -> Iterato
     if created:
         for future in admin.delete_topics(created, operation_timeout=30).values():
             future.result(timeout=60)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
+    """A broker of this test's own, in its temp directory; closed after the test."""
+    broker = OwnBroker.start(tmp_path / "broker")
+    yield broker
+    broker.close()

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.connectors.test_runtime import _dispatch, _produce, _results, _serve
-from tests.faults.own_broker import OwnBroker, own_broker
+from tests.faults.own_broker import OwnBroker
 from tests.processors.test_processor import Deployment
 from torpor.connectors.functions import Call, tool
 from torpor.connectors.journal import EffectJournal, EffectState
@@ -25,8 +25,6 @@ from torpor.connectors.runtime import ConnectorRuntime
 from torpor.streams.admin import ensure_topics
 from torpor.streams.config import KafkaSettings, Settings, TopicSettings
 from torpor.streams.deadline import Deadline
-
-__all__ = ["own_broker"]  # the fixture, shared
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

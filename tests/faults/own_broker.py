@@ -9,9 +9,6 @@
   data kept (`torpor broker start` formats a fresh log every start, which would lose
   every topic), and wait until it answers with its topics.
 - `close()`: stop whatever of it still runs (each process by its own pid).
-
-`own_broker`: a pytest fixture of one, started in the test's temp directory and closed after
-it (import it into a test module to use it).
 """
 
 from __future__ import annotations
@@ -21,12 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.waiting import wait_until
@@ -122,12 +117,3 @@ class OwnBroker:
             os.kill(self.pid, signal.SIGCONT)
             subprocess.run([TORPOR, "broker", "stop", "--dir", str(self.directory)], cwd=REPO,
                            capture_output=True, timeout=120, check=False)
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    """A broker of this test's own, in its temp directory; closed after the test."""
-    broker = OwnBroker.start(tmp_path / "broker")
-    yield broker
-    broker.close()
-

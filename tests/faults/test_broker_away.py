@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.own_broker import OwnBroker, own_broker
+from tests.faults.own_broker import OwnBroker
 from tests.processors.test_processor import TORPOR, Deployment, _conversation
 from tests.waiting import wait_until
-
-__all__ = ["own_broker"]  # the fixture, shared
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from tests.conftest import TopicFactory, wait_for_leaders
-from tests.faults.own_broker import OwnBroker, own_broker
+from tests.faults.own_broker import OwnBroker
 from tests.waiting import wait_until
 from torpor.processors.processor import SERVE_REPORTS_EVERY, STAGE_LINGER_MS, KafkaStageSink
 from torpor.schemas.codec import default_codec
@@ -30,8 +30,6 @@ from torpor.schemas.records import Completion, Input, ThreadEvent, Usage
 from torpor.streams.clients import make_producer
 from torpor.streams.config import KafkaSettings, Settings
 from torpor.streams.topics import TopicNames
-
-__all__ = ["own_broker"]  # the fixture, shared
 
 pytestmark = pytest.mark.kafka
 
