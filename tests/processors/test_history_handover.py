@@ -11,7 +11,7 @@ empty or huge id are refused and hand nothing over.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,13 +22,21 @@ from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_inpu
 from tests.processors.authority_rig import Rig
 from tests.processors.fold_scenarios import call, completion, config, control, create, result, user
 from torpor.processors.fold.history import chain
+from torpor.processors.fold.state import ThreadState
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
+from torpor.processors.models.callids import held_call_ids, note_call_ids
 from torpor.processors.models.provider import CompletionRequest, ModelOutput, ScriptedModel
 from torpor.processors.processor import Processor, ProcessorConfig
 from torpor.processors.step import StepOutput, StepRecord, step
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Change, MemoryStore
-from torpor.processors.store.tables import HistoryAppend, HistoryCache, load_state, visible_entries
+from torpor.processors.store.tables import (
+    HistoryAppend,
+    HistoryCache,
+    load_state,
+    read_entries,
+    visible_entries,
+)
 from torpor.schemas.records import HistoryEntry, Input, InputBody, SummaryEntry, TextBlock, UserEntry
 from torpor.streams.config import KafkaSettings, Settings
 from torpor.streams.task import StoredOffsets
@@ -90,12 +98,40 @@ class Thread:
         return self.fold(result(pending[0].call_id, pending[0].request_id), source=source)
 
 
-def _served_as_stored(cache: HistoryCache, store: MemoryStore) -> None:
-    state = load_state(store, THREAD)
+Served = tuple[ThreadState, tuple[HistoryEntry, ...], Mapping[str, int]]
+"""A state, the history the cache served for it, and the call ids the cache had for it."""
+
+
+def _served_as_stored(cache: HistoryCache, store: MemoryStore, thread_id: str = THREAD) -> Served | None:
+    state = load_state(store, thread_id)
     if state is None:
-        return
+        return None
     served = cache.visible(store, state, state.history_len)
-    assert served == visible_entries(store, THREAD, 0, state.history_len)
+    assert served == visible_entries(store, thread_id, 0, state.history_len)
+    ids = cache.call_ids(thread_id, served)
+    assert ids is not None  # held (no summary, room): the stage does not read the history for them
+    _same_held_ids((state, served, ids), store)
+    return state, served, ids
+
+
+def _same_held_ids(served: Served, store: MemoryStore) -> None:
+    """The call ids a new call may not take, from the cache's map, are those read from the
+    served history itself (`held_call_ids`): asked of every id the thread's stored entries
+    hold now (a served map goes on to the entries appended after it was served: they must not
+    count) and of some it never held."""
+    state, history, ids = served
+    assert ids is not None
+    read: dict[str, int] = {}
+    note_call_ids(history, 0, read)
+    # A thread's own calls are also among its pending or answered ones: the map itself is
+    # compared, so that an id it lacks is not hidden by the state's.
+    assert {i: at for i, at in ids.items() if at < len(history)} == read
+    scanned = held_call_ids(state, history)
+    via_cache = held_call_ids(state, history, ids)
+    now: dict[str, int] = {}
+    note_call_ids(read_entries(store, state.thread_id), 0, now)
+    for probe in [*now, "c-none", "absent", "", *(f"c-{n}" for n in range(20))]:
+        assert (probe in via_cache) == (probe in scanned), probe
 
 
 MOVES = st.lists(st.sampled_from(["create", "user", "answer", "answer+call", "result", "delete"]),
@@ -110,6 +146,7 @@ def test_after_any_folds_handed_over_or_not_the_cache_serves_what_the_store_hold
     store = MemoryStore()
     thread = Thread(store)
     cache = HistoryCache(capacity=10_000)
+    earlier: Served | None = None  # what the stage got one fold ago, still in its hands
     for move, handed in zip(moves, hand_over, strict=False):
         if move == "create":
             out = thread.fold(create(CONFIG, initial="start"))
@@ -124,7 +161,9 @@ def test_after_any_folds_handed_over_or_not_the_cache_serves_what_the_store_hold
         if handed:  # a checkpoint whose hand-over is skipped: the cache must still be right
             for appended in out.appended:
                 cache.extend(appended)
-        _served_as_stored(cache, store)
+        if earlier is not None and load_state(store, THREAD) is not None:
+            _same_held_ids(earlier, store)
+        earlier = _served_as_stored(cache, store)
 
 
 HOSTILE = ("forged-answer", "unsigned-answer", "unsigned-result", "result-claimed-by-a-user", "empty-id",
@@ -181,10 +220,7 @@ def test_hostile_inputs_hand_over_nothing_and_the_cache_still_serves_the_store(m
         if move in HOSTILE:
             assert [r.disposition.startswith("rejected:") for r in out.receipts] == [True], move
             assert out.appended == (), move
-        state = rig.state("t")
-        if state is not None:
-            served = cache.visible(rig.store, state, state.history_len)
-            assert served == visible_entries(rig.store, "t", 0, state.history_len)
+        _served_as_stored(cache, rig.store, "t")
 
 
 def test_a_handed_over_turn_is_served_without_reading_its_rows_back() -> None:

@@ -43,7 +43,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -214,10 +214,10 @@ class ModelStage:
         if found is None:
             log.info("completion request dropped: the thread no longer awaits it", extra=where)
             return
-        prepared, state = found
+        prepared, state, history_ids = found
         async with self._gate:
             started = time.monotonic()
-            completion = await self._attempts(prepared, state)
+            completion = await self._attempts(prepared, state, history_ids)
             took = time.monotonic() - started
         self._sink.publish_completion(completion)
         body = completion.body
@@ -226,8 +226,10 @@ class ModelStage:
             self._observer.completion_published(prepared.model, took, body)
         log.log(logging.WARNING if failed else logging.DEBUG, "completion published", extra=where)
 
-    def _prepare(self, request: RequestCompletion) -> tuple[CompletionRequest, ThreadState] | None:
-        """The provider's request, and the thread's state it was made from."""
+    def _prepare(self, request: RequestCompletion,
+                 ) -> tuple[CompletionRequest, ThreadState, Mapping[str, int] | None] | None:
+        """The provider's request, the thread's state it was made from, and the call ids of its
+        history if the history cache holds them (`HistoryCache.call_ids`)."""
         state = load_state(self._store, request.thread_id)
         if state is None or state.status is not Status.AWAITING_MODEL:
             return None
@@ -242,9 +244,10 @@ class ModelStage:
             history=history,
             tools=state.config.tools + BUILTIN_TOOLS,
             parent=state.config.parent,
-        ), state
+        ), state, self._histories.call_ids(request.thread_id, history)
 
-    async def _attempts(self, request: CompletionRequest, state: ThreadState) -> Input:
+    async def _attempts(self, request: CompletionRequest, state: ThreadState,
+                        history_ids: Mapping[str, int] | None) -> Input:
         last: ModelError | None = None
         for attempt in range(1, self.config.max_attempts + 1):
             try:
@@ -265,7 +268,7 @@ class ModelStage:
                 log.exception("provider raised an unexpected error", extra={"thread_id": request.thread_id})
                 break
             if finished.tool_calls:
-                taken = held_call_ids(state, request.history)
+                taken = held_call_ids(state, request.history, history_ids)
                 calls = carried_calls(request.request_id, finished.tool_calls, taken)
                 if calls is not finished.tool_calls:
                     finished = dataclasses.replace(finished, tool_calls=calls)

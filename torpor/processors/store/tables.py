@@ -16,12 +16,13 @@ incrementally (see its docstring).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Final
 
 from torpor.processors.fold.effects import RequestCompletion
 from torpor.processors.fold.history import advance_bytes, advance_link
 from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
+from torpor.processors.models.callids import note_call_ids
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
 from torpor.processors.store.statecodec import (
@@ -216,18 +217,23 @@ class HistoryAppend:
 
 
 class _Cached:
-    """A thread's first `length` entries, decoded, the hash-chain head after them, and when
-    the thread was last served (`HistoryCache`'s count of `visible` calls); never changed
-    once made. A plain class, not a frozen dataclass: compiled, it is built without the
-    interpreter (a dataclass's `__init__` is generated Python even there)."""
+    """A thread's first `length` entries, decoded, the hash-chain head after them, when the
+    thread was last served (`HistoryCache`'s count of `visible` calls), and the call ids the
+    entries mention (`note_call_ids`: by the index of the first entry that does); never
+    changed once made, but for `call_ids`, which the next `_Cached` of the same chain takes
+    over and adds the ids of its new entries to (an id's index says which prefix holds it).
+    A plain class, not a frozen dataclass: compiled, it is built without the interpreter (a
+    dataclass's `__init__` is generated Python even there)."""
 
-    __slots__ = ("entries", "head", "length", "served")
+    __slots__ = ("call_ids", "entries", "head", "length", "served")
 
-    def __init__(self, length: int, head: str, entries: tuple[HistoryEntry, ...], served: int) -> None:
+    def __init__(self, length: int, head: str, entries: tuple[HistoryEntry, ...], served: int,
+                 call_ids: dict[str, int]) -> None:
         self.length = length
         self.head = head
         self.entries = entries
         self.served = served
+        self.call_ids = call_ids
 
 
 GHOSTS_KEPT: Final = 16_384
@@ -322,6 +328,7 @@ class HistoryCache:
         self._served += 1
         cached = self._threads.pop(thread_id, None)
         entries: tuple[HistoryEntry, ...] | None = None
+        call_ids: dict[str, int] = {}
         if cached is not None:
             self._entries -= len(cached.entries)
             if cached.length <= up_to_seq:
@@ -331,6 +338,8 @@ class HistoryCache:
                 # summary row is not read (a RocksDB read that misses, per completion).
                 if head == state.head and not any(isinstance(e.body, SummaryEntry) for e in new):
                     entries = cached.entries + new
+                    call_ids = cached.call_ids
+                    note_call_ids(new, cached.length, call_ids)
         if entries is None:
             last_served = cached.served if cached is not None else self._ghosts.pop(thread_id, None)
             if latest_summary_seq(store, thread_id) is not None:
@@ -341,10 +350,22 @@ class HistoryCache:
                 # Not kept: read while the thread changed under us, or no room it may take.
                 self._remember(thread_id)
                 return entries
-        self._threads[thread_id] = _Cached(up_to_seq, state.head, entries, self._served)
+            note_call_ids(entries, 0, call_ids)
+        self._threads[thread_id] = _Cached(up_to_seq, state.head, entries, self._served, call_ids)
         self._entries += len(entries)
         self._evict()  # a held thread grown past the capacity; an admitted one made its room
         return entries
+
+    def call_ids(self, thread_id: str, history: tuple[HistoryEntry, ...]) -> Mapping[str, int] | None:
+        """The call ids of `history` by the index of the first entry that mentions them
+        (`note_call_ids`), if `history` is what `visible` just returned for `thread_id` from
+        this cache (else None): the map may go on to later entries of the same chain, as
+        they are appended (`held_call_ids` counts only the first `len(history)`). Bounded
+        with the entries: at most as many ids as the held entries mention."""
+        cached = self._threads.get(thread_id)
+        if cached is None or cached.entries is not history:
+            return None
+        return cached.call_ids
 
     def _admit(self, size: int, last_served: int | None) -> bool:
         """Whether a thread of `size` entries, last served at `last_served` (None: never, that
@@ -399,8 +420,9 @@ class HistoryCache:
         if cached.length != appended.from_seq or cached.head != appended.head_before or (
                 entries[-1].seq != appended.from_seq + len(entries) - 1):
             return
+        note_call_ids(entries, cached.length, cached.call_ids)
         self._threads[thread_id] = _Cached(cached.length + len(entries), appended.head_after,
-                                           cached.entries + entries, cached.served)
+                                           cached.entries + entries, cached.served, cached.call_ids)
         self._entries += len(entries)
         self._evict()
 
