@@ -26,7 +26,8 @@ Contract.
   not of type 'string'`). Without `$schema` the draft is draft-07, as fastjsonschema
   (Torpor's previous validator) assumed, and its default formats are checked. Regexes
   run on RE2 in linear time and every validation is metered (see
-  `torpor.schemas.schemakeywords`). No `$ref` is ever retrieved: the validator's
+  `torpor.schemas.schemakeywords`); a value a plain schema certainly accepts is accepted
+  by a quick check first (`torpor.schemas.plainschema`). No `$ref` is ever retrieved: the validator's
   registry is empty, so even a remote reference that slipped through fails validation
   instead of opening a socket.
 - `tool_spec_problem(spec)`: a `ToolSpec`'s `parameters` (an object schema: the
@@ -62,6 +63,7 @@ from jsonschema.protocols import Validator as ValidatorProtocol
 from referencing import Registry
 
 from torpor.schemas.errors import InvalidSchemaError, JsonTextError, SchemaViolation
+from torpor.schemas.plainschema import Check, certain_check
 from torpor.schemas.records import ToolSpec
 from torpor.schemas.schemakeywords import (
     DRAFTS,
@@ -127,14 +129,20 @@ _DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
 class Validator:
-    """A compiled JSON Schema: call it on a value; `SchemaViolation` if the value breaks it."""
+    """A compiled JSON Schema: call it on a value; `SchemaViolation` if the value breaks it.
 
-    __slots__ = ("_validator",)
+    `certain`: a quick check of a plain schema (`plainschema.certain_check`): a value it
+    accepts is accepted without the full validator, which decides every other value."""
 
-    def __init__(self, validator: ValidatorProtocol) -> None:
+    __slots__ = ("_certain", "_validator")
+
+    def __init__(self, validator: ValidatorProtocol, certain: Check | None = None) -> None:
         self._validator = validator
+        self._certain = certain
 
     def __call__(self, value: object) -> None:
+        if self._certain is not None and self._certain(value):
+            return
         with metered():
             errors = self._validator.iter_errors(value)
             try:
@@ -157,7 +165,8 @@ def compile_schema(schema_text: str) -> Validator:
         raise InvalidSchemaError(problem)
     schema = parse_json(schema_text, max_depth=MAX_SCHEMA_DEPTH)
     cls = DRAFTS[_draft_of(schema) or DEFAULT_DRAFT]
-    return Validator(cls(schema, registry=_EMPTY_REGISTRY, format_checker=cls.FORMAT_CHECKER))
+    return Validator(cls(schema, registry=_EMPTY_REGISTRY, format_checker=cls.FORMAT_CHECKER),
+                     certain_check(schema))
 
 
 @functools.lru_cache(maxsize=512)
