@@ -531,29 +531,3 @@ def test_a_store_without_a_write_ahead_log_writes_none_and_reads_the_same(tmp_pa
         store.close()
     with pytest.raises(ValueError, match="write-ahead log"):
         RocksStore(tmp_path / "other", wal=False, sync=True)
-
-
-def test_a_row_cache_keeps_no_history_or_message_id_row_and_the_store_reads_them(tmp_path: Path) -> None:
-    """History rows are served to the model stage by its own cache, and a message id's row is
-    read only to find a copy: a `RowCache` holds neither, written or read (`kv._kept`)."""
-    store = RocksStore(tmp_path / "db", row_cache_bytes=1 << 20)
-    try:
-        # Thread ids that are kinds themselves, and one whose id has a kind's byte after its prefix.
-        kept = [keys.state_key("H"), keys.config_key("M"), keys.answered_key("t"),
-                keys.awaiting_model_key("H")]
-        unkept = [keys.history_key("M", 0), keys.history_key("t", 7), keys.seen_key("H", "m-1"),
-                  keys.seen_key("t", "H")]
-        rows = [(key, b"v%d" % n) for n, key in enumerate(kept + unkept)]
-        store.apply(rows)
-        assert set(store._recent.rows) == set(kept)
-        for key, value in rows:
-            assert store.get(key) == value
-        assert set(store._recent.rows) == set(kept)  # a read that found one did not admit it
-        store.apply([(key, None) for key in unkept])
-        assert all(store.get(key) is None for key in unkept)
-        # Keys of no thread layout (a store is a key-value store to its tests): kept, no error.
-        odd = [b"", b"H", b"\x00\x00\x00", b"\xff\xff\xff\xffH", b"\x00\x00\x00\x09short"]
-        store.apply([(key, b"x") for key in odd])
-        assert all(store.get(key) == b"x" for key in odd) and set(odd) <= set(store._recent.rows)
-    finally:
-        store.close()

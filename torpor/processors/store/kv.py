@@ -304,23 +304,6 @@ def _leave_rows(cache: RowCache) -> None:
 
 _ROW_OVERHEAD: Final = 64  # bytes a cached row costs beyond its key and value (dict slot, objects)
 
-def _kept(key: bytes) -> bool:
-    """Whether a row of `key` may be kept in a `RowCache`. Not a history row nor a message
-    id's (`keys.HISTORY`, `keys.SEEN`): the next read of a history row is served by the
-    model stage's history cache (the runtimes hand it what each commit appended), and a
-    message id's row is read only to find a copy, which a fresh id never is. Kept, they
-    were half the rows a local completion wrote (4 of 8.6), each a dict update and an
-    eviction, and pushed out the state and config rows that are read again (bench/README.md,
-    stop 44). Neither remembered nor admitted, never stale: a write of one need not touch
-    the cache. The kind is the byte after the thread prefix, `len(thread)|thread` (`keys`)."""
-    if len(key) < 5:
-        return True
-    at = 4 + ((key[0] << 24) | (key[1] << 16) | (key[2] << 8) | key[3])
-    if at >= len(key):
-        return True
-    kind = key[at]
-    return kind != keys.HISTORY[0] and kind != keys.SEEN[0]
-
 
 # A Python class even when this module is compiled (torpor.native): the caches sharing the
 # row budget are held weakly (`_shared_rows`), and a compiled class takes no weak reference.
@@ -329,10 +312,10 @@ class RowCache:
     """The rows one store wrote (or found) last, by key (None: deleted), oldest evicted first.
 
     Why: each input reads back rows the step wrote a checkpoint earlier (the thread's
-    state, its awaiting-model index row) and the model stage reads the state; served
-    from RocksDB, each read was a call into RocksDB (the memtable, the bloom filters, the
-    block cache) costing more than the fold's work on it. Not every kind of row is kept
-    (`_kept`). Kept in the order rows came in, not refreshed by a read that finds one: a
+    state, its awaiting-model index row) and the model stage reads the state and the
+    history rows just appended; served from RocksDB, each read was a call into RocksDB
+    (the memtable, the bloom filters, the block cache) costing more than the fold's work
+    on it. Kept in the order rows came in, not refreshed by a read that finds one: a
     thread's rows are rewritten at each input, so the oldest write is the coldest row.
 
     `remember` (called by the store's one writer, after its batch is written) fills it, and
@@ -373,7 +356,7 @@ class RowCache:
         """Keep `value`, which a read of `key` found in the store, as the newest row, if no
         write began since the count was `writes` (read before the read began)."""
         with self._changing:
-            if self.writes != writes or self._capacity == 0 or key in self.rows or not _kept(key):
+            if self.writes != writes or self._capacity == 0 or key in self.rows:
                 return
             self.rows[key] = value
             self._bytes = self._evict(self._bytes + len(key) + _ROW_OVERHEAD + len(value))
@@ -386,8 +369,6 @@ class RowCache:
                 return
             rows, pop, held = self.rows, self.rows.pop, self._bytes
             for key, value in changes:  # `_row_bytes` written out: a call per row cost a third of this
-                if not _kept(key):
-                    continue
                 old = pop(key, _UNKNOWN)
                 if old is _UNKNOWN:
                     held += len(key) + _ROW_OVERHEAD
