@@ -27,9 +27,9 @@ Contract.
   (Torpor's previous validator) assumed, and its default formats are checked. Regexes
   run on RE2 in linear time and every validation is metered (see
   `torpor.schemas.schemakeywords`); a value a plain schema certainly accepts is accepted
-  by a quick check first (`torpor.schemas.plainschema`). No `$ref` is ever retrieved: the validator's
-  registry is empty, so even a remote reference that slipped through fails validation
-  instead of opening a socket.
+  by a quick check first (`torpor.schemas.plainschema`). No `$ref` is ever retrieved: the
+  validator's registry is empty, so even a remote reference that slipped through fails
+  validation instead of opening a socket.
 - `tool_spec_problem(spec)`: a `ToolSpec`'s `parameters` (an object schema: the
   arguments are a JSON object) and `result_schema` pass `schema_problem`.
 

@@ -7,12 +7,13 @@ says nothing: the caller asks the full validator, which decides and words the re
 (`jsontext.Validator`). So the check can only spare work, never change a verdict.
 
 The plain subset, what most tools' argument schemas are (`{"type": "object",
-"properties": {"command": {"type": "string"}}, "required": ["command"]}`): an object schema
-whose keywords are among `type` (one name, not a list), `properties`, `required`,
-`additionalProperties` (a boolean or a plain schema), `items` (one plain schema) and the
-annotations (`title`, `description`, `default`, `examples`, `$comment`, `$schema`), every
-subschema plain too. Anything else (`enum`, `format`, `pattern`, bounds, `$ref`, the
-combinators, a boolean schema) leaves the whole schema to the full validator.
+"properties": {"command": {"type": "string"}}, "required": ["command"]}`): a schema object
+whose keywords are among `type` (one name, not a list), `properties`, `required` and
+`additionalProperties` (a boolean or a plain schema) for an object, `items` (one plain
+schema) for an array, and the annotations (`title`, `description`, `default`, `examples`,
+`$comment`, `$schema`), every subschema plain too; or annotations alone (any value).
+Anything else (`enum`, `format`, `pattern`, bounds, `$ref`, the combinators, a boolean
+schema) leaves the whole schema to the full validator.
 
 Why: the full validator is jsonschema's, extended with metering and RE2 regexes
 (`schemakeywords`); for `{"command": "cargo test"}` against the schema above it took ~10 us,
