@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from bench.workload import BenchModel, ForgetfulBenchTool, agent_id, create_input, turn_input
 from tests.processors.authority_rig import Rig
 from tests.processors.fold_scenarios import call, completion, config, control, create, result, user
-from torpor.processors.fold.history import chain
+from torpor.processors.fold.history import chain, note_call_ids
 from torpor.processors.fold.state import ThreadState
 from torpor.processors.local import LocalConfig, LocalRuntime, now_ms
-from torpor.processors.models.callids import held_call_ids, note_call_ids
+from torpor.processors.models.callids import held_call_ids
 from torpor.processors.models.provider import CompletionRequest, ModelOutput, ScriptedModel
 from torpor.processors.processor import Processor, ProcessorConfig
 from torpor.processors.step import StepOutput, StepRecord, step

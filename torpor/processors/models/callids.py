@@ -5,9 +5,10 @@ calls well; before a finished turn becomes a `Completion` input, `carried_calls`
 every call an id the fold can bind a result to and every provider can be sent back.
 `held_call_ids` is what the thread already uses, which a new call may not take.
 
-`note_call_ids` records the ids a history mentions; the model stage's history cache keeps
-them per thread as entries are appended, so `held_call_ids` need not read the history at
-every completion with calls (it does when the cache does not hold the thread).
+`fold.history.note_call_ids` records the ids a history mentions; the model stage's
+history cache keeps them per thread as entries are appended, so `held_call_ids` need not
+read the history at every completion with calls (it does when the cache does not hold the
+thread).
 
 Compiled (torpor.native): as Python, reading the history here was ~1.5% of a local
 completion's CPU.
@@ -19,9 +20,10 @@ import re
 from collections.abc import Container, Mapping, Sequence
 from typing import Final
 
+from torpor.processors.fold.history import note_call_ids
 from torpor.processors.fold.state import ThreadState
 from torpor.schemas.ids import derive_id
-from torpor.schemas.records import AssistantEntry, EventEntry, HistoryEntry, ToolCall, ToolResultEntry
+from torpor.schemas.records import HistoryEntry, ToolCall
 
 CARRIED_CALL_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,40}")
 """A provider's call id kept as it came: what every provider adapter can send back in the
@@ -59,23 +61,6 @@ def held_call_ids(state: ThreadState, history: Sequence[HistoryEntry],
         note_call_ids(history, 0, found)
         history_ids = found
     return HeldCallIds(held, history_ids, len(history))
-
-
-def note_call_ids(entries: Sequence[HistoryEntry], first: int, into: dict[str, int]) -> None:
-    """Record in `into` every call id `entries` mention (an assistant's calls, a result's or an
-    event's call), each with the index in the history of the first entry that mentions it;
-    `entries[0]` is at index `first`. Entries are recorded in order, so an id keeps its first index."""
-    # Plain loops, no generator per entry (as Python, one cost four times this).
-    index = first
-    for entry in entries:
-        body = entry.body
-        if isinstance(body, AssistantEntry):
-            for call in body.tool_calls:
-                if call.call_id not in into:
-                    into[call.call_id] = index
-        elif isinstance(body, (ToolResultEntry, EventEntry)) and body.call_id not in into:
-            into[body.call_id] = index
-        index += 1
 
 
 class HeldCallIds:

@@ -20,9 +20,8 @@ from collections.abc import Iterator, Mapping
 from typing import Final
 
 from torpor.processors.fold.effects import RequestCompletion
-from torpor.processors.fold.history import advance_bytes, advance_link
+from torpor.processors.fold.history import advance_bytes, advance_link, note_call_ids
 from torpor.processors.fold.state import GENESIS_HEAD, ThreadState
-from torpor.processors.models.callids import note_call_ids
 from torpor.processors.store import keys
 from torpor.processors.store.kv import Store
 from torpor.processors.store.statecodec import (
